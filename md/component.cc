@@ -1,0 +1,1 @@
+// Placeholder until the MD lands: the module builds and loads, registering nothing.

@@ -1,0 +1,18 @@
+#include "rcache/rcache.h"
+
+namespace gmd::rcache {
+
+const char* statusString(Status s) noexcept {
+  switch (s) {
+    case Status::kOk: return "ok";
+    case Status::kInvalidParam: return "invalid parameter";
+    case Status::kNoMemory: return "out of memory";
+    case Status::kNoResource: return "out of registration resources";
+    case Status::kExceedsLimit: return "exceeds a configured limit";
+    case Status::kUnsupported: return "unsupported";
+    case Status::kIoError: return "registration failed";
+  }
+  return "unknown";
+}
+
+}  // namespace gmd::rcache

@@ -1,0 +1,144 @@
+// gmd registration cache: the public contract. UCX-free; md/ plugs it into UCX.
+//
+// One Cache per memory domain. A request (address, length, access) is aligned outwards to the cache
+// alignment and answered by a Region that covers it, either an existing valid one (hit) or a new
+// registration made through the request's Backend (miss). The rules it keeps are those of
+// docs/design.md (shared design notes): see rcache/README.md for how each one is implemented.
+//
+// Thread safety: every method of Cache may be called from any thread at any time. invalidate() may be
+// called from inside a memory hook (munmap, free) including while the same thread is inside the cache;
+// it does not allocate, does not block on a lock that get()/put() hold across a backend call, and
+// defers deregistration to the next get()/put()/progress() outside the hook.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "memtype/mem_type.h"
+
+namespace gmd::rcache {
+
+// Outcome of a cache or backend operation. md/ maps these onto ucs_status_t.
+enum class Status : std::uint8_t {
+  kOk = 0,
+  kInvalidParam,   // zero length, wrap-around, absurd size, bad access flags or limits
+  kNoMemory,       // host allocation failed
+  kNoResource,     // backend ran out of registration resources (after evict + one retry)
+  kExceedsLimit,   // the request alone exceeds a configured limit
+  kUnsupported,    // the backend cannot register this memory (e.g. no GPUDirect)
+  kIoError,        // backend failure that is not a resource shortage (EFAULT, EINVAL, EPERM...)
+};
+const char* statusString(Status s) noexcept;
+
+// Access rights, a bit set. A region satisfies a request when it holds every requested bit.
+enum Access : unsigned {
+  kAccessLocalRead = 1u << 0,
+  kAccessLocalWrite = 1u << 1,
+  kAccessRemoteRead = 1u << 2,
+  kAccessRemoteWrite = 1u << 3,
+  kAccessRemoteAtomic = 1u << 4,
+  kAccessAll = (1u << 5) - 1,
+};
+
+// What a backend produces for a registered range.
+struct Registration {
+  void* handle = nullptr;  // backend-owned object (e.g. struct ibv_mr*)
+  std::uint32_t lkey = 0;
+  std::uint32_t rkey = 0;
+};
+
+// The seam between the cache and the world: registers page-aligned ranges.
+// Thread safety: reg()/dereg() may be called concurrently from several threads, never under a cache
+// lock that invalidate() takes. A backend must not call back into the cache.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // Register [start, start + length) (aligned) with at least `access`. On failure returns a status and
+  // leaves `out` untouched. kNoResource (ENOMEM/EAGAIN from the device) makes the cache evict and retry.
+  virtual Status reg(std::uintptr_t start, std::size_t length, unsigned access, MemType type,
+                     Registration* out) noexcept = 0;
+  virtual void dereg(const Registration& reg) noexcept = 0;
+  virtual const char* name() const noexcept = 0;
+};
+
+// A cached registration. Callers see it read-only, between get() and put().
+class Region {
+ public:
+  std::uintptr_t start() const noexcept { return start_; }
+  std::uintptr_t end() const noexcept { return end_; }  // exclusive
+  std::size_t length() const noexcept { return end_ - start_; }
+  unsigned access() const noexcept { return access_; }
+  MemType memType() const noexcept { return mem_type_; }
+  Backend* backend() const noexcept { return backend_; }
+  const Registration& registration() const noexcept { return reg_; }
+
+ protected:
+  Region() = default;
+  ~Region() = default;
+  std::uintptr_t start_ = 0;
+  std::uintptr_t end_ = 0;
+  unsigned access_ = 0;
+  MemType mem_type_ = MemType::kHost;
+  Backend* backend_ = nullptr;
+  Registration reg_{};
+};
+
+// Where invalidations come from (libucm, CUDA free hooks, a test feed).
+class InvalidationSink {
+ public:
+  virtual ~InvalidationSink() = default;
+  virtual void invalidate(const void* address, std::size_t length) noexcept = 0;
+};
+
+class Monitor {
+ public:
+  virtual ~Monitor() = default;
+  // Start delivering events to `sink` until unsubscribe(). Several sinks may be subscribed.
+  virtual Status subscribe(InvalidationSink* sink) noexcept = 0;
+  virtual void unsubscribe(InvalidationSink* sink) noexcept = 0;
+};
+
+struct Config {
+  std::size_t alignment = 4096;                     // power of two, >= page size
+  std::size_t max_regions = SIZE_MAX;               // regions registered at once (in index or held)
+  std::size_t max_pinned_bytes = SIZE_MAX;          // bytes registered at once
+  std::size_t max_unused_bytes = 512ul << 20;       // unused-but-cached bytes kept for reuse
+  bool purge_on_fork = true;                        // child drops the parent's regions after fork()
+};
+
+// Counters, read with Cache::stats(); monotonic except regions / pinned / unused.
+struct Stats {
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;
+  std::uint64_t merges = 0;                  // misses that absorbed overlapping regions
+  std::uint64_t evictions = 0;               // unused regions dropped for a limit or on ENOMEM
+  std::uint64_t invalidations_in_use = 0;    // regions invalidated while held
+  std::uint64_t invalidations_unused = 0;    // regions invalidated while unused
+  std::uint64_t deferred_deregs = 0;         // deregistrations postponed to a later release
+  std::uint64_t regions = 0;                 // registrations alive now (indexed or held)
+  std::uint64_t pinned_bytes = 0;            // bytes they cover
+  std::uint64_t unused_bytes = 0;            // bytes of unused regions still cached
+};
+
+class Cache : public InvalidationSink {
+ public:
+  // Validates `config` (kInvalidParam on bad limits/alignment) and builds a cache.
+  static Status create(const Config& config, std::unique_ptr<Cache>* out);
+  virtual ~Cache() = default;
+
+  // Find or make a region covering [address, address + length) with `access`, registered through
+  // `backend` as memory of `type`. On kOk *region is held until put(). On failure nothing changes.
+  virtual Status get(const void* address, std::size_t length, unsigned access, MemType type,
+                     Backend* backend, Region** region) noexcept = 0;
+  // Release a hold taken by get(). May deregister (if the region was invalidated or evicted).
+  virtual void put(Region* region) noexcept = 0;
+  // Memory in [address, address + length) is about to be unmapped or freed. Safe inside hooks.
+  void invalidate(const void* address, std::size_t length) noexcept override = 0;
+  // Finish deferred work (deregistrations queued by invalidate()).
+  virtual void progress() noexcept = 0;
+  virtual Stats stats() const noexcept = 0;
+  virtual const Config& config() const noexcept = 0;
+};
+
+}  // namespace gmd::rcache
