@@ -76,36 +76,54 @@ std::unique_ptr<VerbsPort> VerbsPort::open(const std::string& device, std::strin
     *error = "cannot open RDMA device " + device;
     return nullptr;
   }
-  if (ibv_query_port(p->ctx_, port, &p->attr_) != 0) {
-    *error = errnoText("ibv_query_port", errno);
-    return nullptr;
-  }
-  if (p->attr_.state != IBV_PORT_ACTIVE) {
-    *error = device + " port " + std::to_string(port) + " is not active";
-    return nullptr;
-  }
-  if (p->isEthernet()) {
-    p->gid_index_ = selectRoceGid(p->ctx_, port, &p->gid_);
-    if (p->gid_index_ < 0) {
-      *error = device + ": no usable RoCE GID";
-      return nullptr;
-    }
-  }
   p->pd_ = ibv_alloc_pd(p->ctx_);
   if (p->pd_ == nullptr) {
     *error = errnoText("ibv_alloc_pd", errno);
     return nullptr;
   }
-  p->cq_ = ibv_create_cq(p->ctx_, 64, nullptr, nullptr, 0);
-  if (p->cq_ == nullptr) {
-    *error = errnoText("ibv_create_cq", errno);
-    return nullptr;
-  }
+  if (!p->init(error)) return nullptr;
   return p;
+}
+
+std::unique_ptr<VerbsPort> VerbsPort::wrap(ibv_context* ctx, ibv_pd* pd, const std::string& name,
+                                           std::string* error, std::uint8_t port) {
+  std::unique_ptr<VerbsPort> p(new VerbsPort());
+  p->owned_ = false;
+  p->name_ = name;
+  p->port_ = port;
+  p->ctx_ = ctx;
+  p->pd_ = pd;
+  if (!p->init(error)) return nullptr;
+  return p;
+}
+
+bool VerbsPort::init(std::string* error) {
+  if (ibv_query_port(ctx_, port_, &attr_) != 0) {
+    *error = errnoText("ibv_query_port", errno);
+    return false;
+  }
+  if (attr_.state != IBV_PORT_ACTIVE) {
+    *error = name_ + " port " + std::to_string(port_) + " is not active";
+    return false;
+  }
+  if (isEthernet()) {
+    gid_index_ = selectRoceGid(ctx_, port_, &gid_);
+    if (gid_index_ < 0) {
+      *error = name_ + ": no usable RoCE GID";
+      return false;
+    }
+  }
+  cq_ = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+  if (cq_ == nullptr) {
+    *error = errnoText("ibv_create_cq", errno);
+    return false;
+  }
+  return true;
 }
 
 VerbsPort::~VerbsPort() {
   if (cq_ != nullptr) ibv_destroy_cq(cq_);
+  if (!owned_) return;
   if (pd_ != nullptr) ibv_dealloc_pd(pd_);
   if (ctx_ != nullptr) ibv_close_device(ctx_);
 }
@@ -245,10 +263,18 @@ ibv_wc_status RcQp::read(void* local, std::size_t length, std::uint32_t lkey,
 }
 
 bool RcPair::open(const std::string& dev_a, const std::string& dev_b, std::string* error) {
-  a = VerbsPort::open(dev_a, error);
-  if (!a) return false;
-  b = VerbsPort::open(dev_b, error);
-  if (!b) return false;
+  auto pa = VerbsPort::open(dev_a, error);
+  if (!pa) return false;
+  auto pb = VerbsPort::open(dev_b, error);
+  if (!pb) return false;
+  return connect(std::move(pa), std::move(pb), error);
+}
+
+bool RcPair::connect(std::unique_ptr<VerbsPort> port_a, std::unique_ptr<VerbsPort> port_b,
+                     std::string* error) {
+  // QPs go first on destruction (declared after the ports).
+  a = std::move(port_a);
+  b = std::move(port_b);
   qa = RcQp::create(*a, error);
   if (!qa) return false;
   qb = RcQp::create(*b, error);

@@ -44,6 +44,10 @@ class VerbsPort {
   // Opens `device` (port 1 unless given). Returns nullptr and sets *error on failure.
   static std::unique_ptr<VerbsPort> open(const std::string& device, std::string* error,
                                          std::uint8_t port = 1);
+  // Uses a context and protection domain owned by someone else (e.g. a gmd MD); only the CQ is
+  // created and owned here.
+  static std::unique_ptr<VerbsPort> wrap(ibv_context* ctx, ibv_pd* pd, const std::string& name,
+                                         std::string* error, std::uint8_t port = 1);
   ~VerbsPort();
   VerbsPort(const VerbsPort&) = delete;
   VerbsPort& operator=(const VerbsPort&) = delete;
@@ -61,6 +65,8 @@ class VerbsPort {
 
  private:
   VerbsPort() = default;
+  bool init(std::string* error);  // port attributes, GID, CQ
+  bool owned_ = true;
   std::string name_;
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
@@ -120,6 +126,9 @@ struct RcPair {
   std::unique_ptr<RcQp> qa, qb;
   // Opens both devices and connects the pair. Returns false and sets *error on failure.
   bool open(const std::string& dev_a, const std::string& dev_b, std::string* error);
+  // Connects a pair over two ports opened by the caller.
+  bool connect(std::unique_ptr<VerbsPort> port_a, std::unique_ptr<VerbsPort> port_b,
+               std::string* error);
 };
 
 // Fill `buf` with a pattern derived from `seed` / check it. Returns the first mismatching offset or

@@ -1,0 +1,23 @@
+#!/bin/sh
+# ucx_info with gmd preloaded: component gmd with one MD per RDMA device, and the UCX_GMD_* variables.
+# Usage: ucx_info_check.sh PATH/TO/libuct_gmd.so
+set -u
+plugin=$1
+fail=0
+devices=$(ls /sys/class/infiniband 2>/dev/null)
+[ -n "$devices" ] || { echo "FAIL: no RDMA devices"; exit 1; }
+out=$(LD_PRELOAD=$plugin ucx_info -d 2>&1)
+echo "$out" | grep -q 'Component: gmd' || { echo "FAIL: ucx_info -d does not list component gmd"; fail=1; }
+for d in $devices; do
+  echo "$out" | awk '/Component: gmd/{g=1} /Component:/&&!/gmd/{g=0} g' | grep -q "Memory domain: $d\$" ||
+    { echo "FAIL: no gmd memory domain $d"; fail=1; }
+done
+echo "$out" | awk '/Component: gmd/{g=1} /Component:/&&!/gmd/{g=0} g' | sed -n '1,40p'
+cfg=$(LD_PRELOAD=$plugin ucx_info -c -f 2>&1)
+for v in RCACHE_MAX_REGIONS RCACHE_MAX_SIZE RCACHE_MAX_UNUSED RCACHE_ADDR_ALIGN RCACHE_MEM_PRIO \
+         RCACHE_OVERHEAD CUDA_FREE_MODE DMABUF PRINT_STATS; do
+  echo "$cfg" | grep -q "UCX_GMD_$v=" || { echo "FAIL: ucx_info -c does not show UCX_GMD_$v"; fail=1; }
+done
+echo "$cfg" | grep 'UCX_GMD_'
+[ $fail -eq 0 ] && echo "PASS: ucx_info lists gmd with MDs: $(echo $devices)"
+exit $fail

@@ -1,0 +1,119 @@
+#include "md/registrar.h"
+
+#include <ucs/debug/log_def.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "md/mapping.h"
+
+namespace gmd::md {
+
+Registrar::Registrar(std::string md_name, std::unique_ptr<rcache::Cache> cache,
+                     rcache::Backend* host, rcache::Backend* cuda, ClassifyFn classify)
+    : name_(std::move(md_name)),
+      cache_(std::move(cache)),
+      host_(std::make_unique<CompletingBackend>(host)),
+      cuda_(cuda != nullptr ? std::make_unique<CompletingBackend>(cuda) : nullptr),
+      classify_(classify) {}
+
+Registrar::~Registrar() {
+  // Deregister everything the cache still holds before the backends' wrappers go away.
+  cache_.reset();
+}
+
+ucs_status_t Registrar::reg(void* address, std::size_t length, unsigned flags,
+                            uct_mem_h* memh_p) noexcept {
+  const ucs_log_level_t level =
+      (flags & UCT_MD_MEM_FLAG_HIDE_ERRORS) ? UCS_LOG_LEVEL_DIAG : UCS_LOG_LEVEL_ERROR;
+  const auto start = reinterpret_cast<std::uintptr_t>(address);
+  if (address == nullptr || length == 0 || start + length < start) {
+    ucs_log(level, "gmd %s: mem_reg(address=%p length=%zu): invalid range", name_.c_str(), address,
+            length);
+    return UCS_ERR_INVALID_PARAM;
+  }
+  if ((flags & ~kKnownMemFlags) != 0 || (flags & UCT_MD_MEM_ACCESS_ALL) == 0) {
+    ucs_log(level, "gmd %s: mem_reg(address=%p length=%zu): invalid flags 0x%x", name_.c_str(),
+            address, length, flags);
+    return UCS_ERR_INVALID_PARAM;
+  }
+
+  const memtype::Info info = classify_(address, length);
+  rcache::Backend* backend = nullptr;
+  switch (info.type) {
+    case MemType::kHost:
+      backend = host_.get();
+      break;
+    case MemType::kCuda:
+      backend = cuda_.get();
+      break;
+    case MemType::kCudaManaged:
+      // Managed pages migrate between host and device under the registration's feet: refused, so
+      // UCX stages them through registered host buffers (docs/memtype.md, "Managed memory").
+      backend = nullptr;
+      break;
+  }
+  if (backend == nullptr) {
+    ucs_log(level, "gmd %s: mem_reg(address=%p length=%zu): %s memory cannot be registered here",
+            name_.c_str(), address, length, memTypeName(info.type));
+    return UCS_ERR_UNSUPPORTED;
+  }
+
+  rcache::Region* region = nullptr;
+  const rcache::Status st =
+      cache_->get(address, length, toCacheAccess(flags), info.type, backend, &region);
+  if (st != rcache::Status::kOk) {
+    const int err = VerbsBackend::lastErrno();
+    ucs_log(level, "gmd %s: mem_reg(address=%p length=%zu %s): %s%s%s", name_.c_str(), address,
+            length, memTypeName(info.type), rcache::statusString(st),
+            (st == rcache::Status::kIoError || st == rcache::Status::kNoResource) && err != 0
+                ? ": "
+                : "",
+            (st == rcache::Status::kIoError || st == rcache::Status::kNoResource) && err != 0
+                ? std::strerror(err)
+                : "");
+    return toUcsStatus(st);
+  }
+  *memh_p = region;
+  return UCS_OK;
+}
+
+ucs_status_t Registrar::dereg(const ucx::DeregParams* params) noexcept {
+  if (params == nullptr || !(params->field_mask & ucx::kDeregFieldMemh) ||
+      params->memh == nullptr) {
+    ucs_error("gmd %s: mem_dereg without a memory handle", name_.c_str());
+    return UCS_ERR_INVALID_PARAM;
+  }
+  auto* region = static_cast<rcache::Region*>(params->memh);
+  const unsigned flags =
+      (params->field_mask & ucx::kDeregFieldFlags) ? params->flags : 0u;
+  if ((flags & ~ucx::kDeregFlagInvalidate) != 0) {
+    ucs_error("gmd %s: mem_dereg: unknown flags 0x%x", name_.c_str(), flags);
+    return UCS_ERR_INVALID_PARAM;
+  }
+  if (flags & ucx::kDeregFlagInvalidate) {
+    uct_completion_t* comp =
+        (params->field_mask & ucx::kDeregFieldCompletion) ? params->comp : nullptr;
+    if (comp == nullptr) {
+      ucs_error("gmd %s: mem_dereg(INVALIDATE) without a completion", name_.c_str());
+      return UCS_ERR_INVALID_PARAM;
+    }
+    auto* backend = static_cast<CompletingBackend*>(region->backend());
+    if (!backend->addCompletion(region->registration(), comp)) return UCS_ERR_NO_MEMORY;
+    // Every region over this range leaves the cache: no later lookup hands out this rkey again.
+    cache_->invalidate(reinterpret_cast<const void*>(region->start()), region->length());
+  }
+  cache_->put(region);
+  return UCS_OK;
+}
+
+std::string Registrar::statsLine() const {
+  const rcache::Stats s = cache_->stats();
+  return "gmd " + name_ + ": reg_hits=" + std::to_string(s.hits) +
+         " reg_misses=" + std::to_string(s.misses) + " merges=" + std::to_string(s.merges) +
+         " evictions=" + std::to_string(s.evictions) +
+         " invalidations=" + std::to_string(s.invalidations_in_use + s.invalidations_unused) +
+         " regions=" + std::to_string(s.regions) + " pinned_bytes=" + std::to_string(s.pinned_bytes);
+}
+
+}  // namespace gmd::md

@@ -1,0 +1,53 @@
+// The registration path of a gmd MD, without the verbs device: argument checks, memory-type routing,
+// the registration cache, invalidation with completion, and counters. md/md.cc wraps it in UCX's MD
+// ops; unit tests drive it with fake backends and a fake classifier (gtest/md/registrar_test.cc).
+//
+// Thread safety: reg()/dereg() may be called from any thread concurrently (the cache's contract).
+#pragma once
+
+#include <uct/api/uct.h>
+
+#include <memory>
+#include <string>
+
+#include "md/ucx_abi.h"
+#include "md/verbs_backend.h"
+#include "memtype/memtype.h"
+#include "rcache/rcache.h"
+
+namespace gmd::md {
+
+using ClassifyFn = memtype::Info (*)(const void* address, std::size_t length);
+
+class Registrar {
+ public:
+  // `host` registers host pages; `cuda` device memory (nullptr: no GPUDirect on this device).
+  // Neither is owned. The cache is owned.
+  Registrar(std::string md_name, std::unique_ptr<rcache::Cache> cache, rcache::Backend* host,
+            rcache::Backend* cuda, ClassifyFn classify);
+  ~Registrar();
+  Registrar(const Registrar&) = delete;
+  Registrar& operator=(const Registrar&) = delete;
+
+  // uct_md_mem_reg semantics: *memh_p is an rcache::Region held until dereg(). Errors are logged at
+  // error level, or at diag level under UCT_MD_MEM_FLAG_HIDE_ERRORS.
+  ucs_status_t reg(void* address, std::size_t length, unsigned flags, uct_mem_h* memh_p) noexcept;
+  // uct_md_mem_dereg semantics, with UCT_MD_MEM_DEREG_FLAG_INVALIDATE: the region leaves the cache
+  // and `comp` is called once its registration is deregistered (after every other holder released it).
+  ucs_status_t dereg(const ucx::DeregParams* params) noexcept;
+
+  bool cudaRegistration() const noexcept { return cuda_ != nullptr; }
+  rcache::Cache& cache() noexcept { return *cache_; }
+  const std::string& name() const noexcept { return name_; }
+  // The line UCX_GMD_PRINT_STATS prints for this MD.
+  std::string statsLine() const;
+
+ private:
+  std::string name_;
+  std::unique_ptr<rcache::Cache> cache_;
+  std::unique_ptr<CompletingBackend> host_;
+  std::unique_ptr<CompletingBackend> cuda_;
+  ClassifyFn classify_;
+};
+
+}  // namespace gmd::md
