@@ -1,6 +1,40 @@
+// gmd registration cache. See rcache/README.md for the design and the rule-by-rule map.
+//
+// Shape of the implementation:
+//  - The index is an immutable sorted array of disjoint regions (Snapshot) published through an
+//    atomic pointer. Readers (the hit path) look it up inside an epoch and take a reference with one
+//    CAS on the region's state word, which fails once the region is invalid. Writers (misses,
+//    invalidations, evictions) are serialised by lock_ and publish a new snapshot; old snapshots and
+//    dead regions are freed once no reader can still see them (epoch-based reclamation, one reader
+//    slot per thread).
+//  - invalidate() never blocks and never allocates: it queues the range in a preallocated ring,
+//    bumps attention_, and applies the queue at once when it can try-lock the writer lock. Every
+//    get() reads attention_ before its lookup and drains the queue first when it is non-zero.
+//  - Deregistration happens outside lock_, in get()/put()/progress(), never inside invalidate().
+//
+// Lock order: thread-index registry mutex -> cache registry mutex -> CacheImpl::lock_. invalidate()
+// only ever try-locks lock_, so code under lock_ may allocate (a hook raised by that allocation
+// queues its range instead of waiting).
 #include "rcache/rcache.h"
 
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include "rcache/sync.h"
+
 namespace gmd::rcache {
+
+using detail::kCacheLine;
+using detail::Range;
+using detail::WriterGuard;
+using detail::WriterLock;
 
 const char* statusString(Status s) noexcept {
   switch (s) {
@@ -13,6 +47,1087 @@ const char* statusString(Status s) noexcept {
     case Status::kIoError: return "registration failed";
   }
   return "unknown";
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------
+// Logging
+
+std::atomic<LogHandler> g_log_handler{nullptr};
+
+void defaultLog(LogLevel level, const char* message) noexcept {
+  if (level > LogLevel::kWarn) return;
+  std::fprintf(stderr, "gmd rcache %s: %s\n", level == LogLevel::kError ? "error" : "warning",
+               message);
+}
+
+__attribute__((format(printf, 2, 3))) void logf(LogLevel level, const char* fmt, ...) noexcept {
+  char buf[256];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  LogHandler h = g_log_handler.load(std::memory_order_acquire);
+  (h != nullptr ? h : defaultLog)(level, buf);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Thread indices (dense, reused after thread exit)
+
+struct ThreadIndexRegistry {
+  std::mutex mutex;
+  std::vector<int> free_list;
+  int next = 0;
+};
+
+ThreadIndexRegistry& threadRegistry() {
+  static auto* r = new ThreadIndexRegistry;  // never destroyed: threads may exit after main()
+  return *r;
+}
+
+__attribute__((tls_model("initial-exec"))) thread_local int tls_thread_index = -1;
+
+struct ThreadIndexReleaser {
+  ~ThreadIndexReleaser() {
+    if (tls_thread_index < 0) return;
+    ThreadIndexRegistry& r = threadRegistry();
+    std::lock_guard<std::mutex> g(r.mutex);
+    try {
+      r.free_list.push_back(tls_thread_index);
+    } catch (...) {
+      // The index leaks; harmless.
+    }
+    tls_thread_index = -1;
+  }
+};
+
+int threadIndexSlow() noexcept {
+  static thread_local ThreadIndexReleaser releaser;
+  (void)&releaser;
+  ThreadIndexRegistry& r = threadRegistry();
+  std::lock_guard<std::mutex> g(r.mutex);
+  int idx;
+  if (!r.free_list.empty()) {
+    idx = r.free_list.back();
+    r.free_list.pop_back();
+  } else if (r.next < detail::kMaxThreads) {
+    idx = r.next++;
+  } else {
+    return -1;
+  }
+  tls_thread_index = idx;
+  return idx;
+}
+
+inline int threadIndex() noexcept {
+  const int i = tls_thread_index;
+  return __builtin_expect(i >= 0, 1) ? i : threadIndexSlow();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Objects reclaimed through epochs
+
+struct Retired {
+  Retired* next_retired = nullptr;
+  std::uint64_t retire_epoch = 0;
+  bool is_region = false;
+};
+
+class RegionImpl;
+
+struct Entry {
+  std::uintptr_t start;
+  std::uintptr_t end;
+  RegionImpl* region;
+};
+
+// Immutable sorted array of disjoint regions; entries follow the header in the same allocation.
+struct Snapshot : Retired {
+  std::size_t size = 0;
+  Entry* entries() noexcept { return reinterpret_cast<Entry*>(this + 1); }
+  const Entry* entries() const noexcept { return reinterpret_cast<const Entry*>(this + 1); }
+
+  static Snapshot* allocate(std::size_t n) noexcept {
+    void* p = ::operator new(sizeof(Snapshot) + n * sizeof(Entry), std::nothrow);
+    if (p == nullptr) return nullptr;
+    auto* s = new (p) Snapshot;
+    s->size = n;
+    return s;
+  }
+  static void release(Snapshot* s) noexcept {
+    s->~Snapshot();
+    ::operator delete(s);
+  }
+  // Index of the last entry whose start <= addr, or size when there is none.
+  std::size_t floor(std::uintptr_t addr) const noexcept {
+    std::size_t lo = 0, hi = size;  // first entry with start > addr is in [lo, hi]
+    const Entry* e = entries();
+    while (lo < hi) {
+      const std::size_t mid = (lo + hi) / 2;
+      if (e[mid].start <= addr) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo == 0 ? size : lo - 1;
+  }
+  // Index of the first entry that may overlap [start, ...) (entries are disjoint and sorted).
+  std::size_t firstOverlap(std::uintptr_t start) const noexcept {
+    const std::size_t f = floor(start);
+    if (f == size) return 0;
+    return entries()[f].end > start ? f : f + 1;
+  }
+};
+
+static_assert(sizeof(Snapshot) % alignof(Entry) == 0);
+
+Snapshot g_empty_snapshot;  // published after fork() in the child; never freed
+
+// State word of a region: holders in the low 32 bits, flags above.
+constexpr std::uint64_t kHolderMask = 0xffffffffull;
+constexpr std::uint64_t kInvalid = 1ull << 32;  // out of the index; never handed out again
+
+enum class DoomReason : std::uint8_t { kInvalidated, kMerged, kEvicted, kStale };
+
+class RegionImpl final : public Region, public Retired {
+ public:
+  RegionImpl(std::uintptr_t start, std::uintptr_t end, unsigned access, MemType type,
+             Backend* backend, const Registration& reg) noexcept {
+    start_ = start;
+    end_ = end;
+    access_ = access;
+    mem_type_ = type;
+    backend_ = backend;
+    reg_ = reg;
+    is_region = true;
+  }
+  ~RegionImpl() = default;
+
+  // Take a reference unless the region is invalid. *prev_holders receives the count before.
+  bool tryAcquire(std::uint64_t* prev_holders) noexcept {
+    std::uint64_t s = state_.load(std::memory_order_relaxed);
+    do {
+      if ((s & kInvalid) != 0 || (s & kHolderMask) == kHolderMask) return false;
+    } while (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acquire,
+                                           std::memory_order_relaxed));
+    *prev_holders = s & kHolderMask;
+    return true;
+  }
+  bool matches(unsigned access, MemType type, const Backend* backend) const noexcept {
+    return (access_ & access) == access && mem_type_ == type && backend_ == backend;
+  }
+
+  std::atomic<std::uint64_t> state_{1};    // created held by its requester
+  std::atomic<std::uint64_t> last_used_{0};  // lruTick() of the last release
+  std::uint32_t fork_gen_ = 0;             // the cache's fork generation when registered
+  RegionImpl* next_dead_ = nullptr;        // guarded by lock_
+  bool in_index_ = false;                  // guarded by lock_: in the published snapshot
+};
+
+// One per thread (by threadIndex()) and cache: the reader's epoch and its private counters.
+struct alignas(kCacheLine) ReaderSlot {
+  std::atomic<std::uint64_t> epoch{0};         // 0: not reading; else the global epoch at entry
+  std::atomic<std::uint64_t> hits{0};          // written by the owning thread only
+  std::atomic<std::int64_t> unused_delta{0};   // owner only; flushed to unused_shared_ past a bound
+};
+
+constexpr std::size_t kSlotsPerChunk = 64;
+constexpr std::size_t kMaxChunks = detail::kMaxThreads / kSlotsPerChunk;
+
+struct SlotChunk {
+  ReaderSlot slot[kSlotsPerChunk];
+};
+
+constexpr std::size_t kRingCapacity = 1024;  // queued invalidations before the conservative fallback
+constexpr std::size_t kHistory = 64;         // applied invalidations remembered for in-flight misses
+
+// Adds `d` to a counter that only writers (under lock_) or a single owner modify; readers may load.
+template <typename T>
+inline void bump(std::atomic<T>& a, T d) noexcept {
+  a.store(a.load(std::memory_order_relaxed) + d, std::memory_order_relaxed);
+}
+
+class CacheImpl;
+
+// Live caches, for the fork handlers.
+struct CacheRegistry {
+  std::mutex mutex;
+  CacheImpl* head = nullptr;
+};
+CacheRegistry& cacheRegistry() {
+  static auto* r = new CacheRegistry;
+  return *r;
+}
+
+std::atomic<std::uint64_t> g_next_cache_id{1};
+
+class CacheImpl final : public Cache {
+ public:
+  explicit CacheImpl(const Config& config) noexcept;
+  ~CacheImpl() override;
+
+  Status get(const void* address, std::size_t length, unsigned access, MemType type,
+             Backend* backend, Region** region) noexcept override;
+  void put(Region* region) noexcept override;
+  void invalidate(const void* address, std::size_t length) noexcept override;
+  void progress() noexcept override;
+  Stats stats() const noexcept override;
+  const Config& config() const noexcept override { return config_; }
+
+  // Fork handlers (cache registry locked; see atfork* below).
+  void forkPrepare() noexcept { lock_.lock(); }
+  void forkParent() noexcept { lock_.unlock(); }
+  void forkChild() noexcept;
+
+  CacheImpl* reg_next_ = nullptr;  // cache registry links, guarded by CacheRegistry::mutex
+  CacheImpl* reg_prev_ = nullptr;
+
+ private:
+  struct Request {
+    std::uintptr_t start;
+    std::uintptr_t end;
+  };
+
+  Status checkRequest(const void* address, std::size_t length, unsigned access,
+                      const Backend* backend, Region* const* region, Request* rq) const noexcept;
+  Status getSlow(const Request& rq, unsigned access, MemType type, Backend* backend,
+                 Region** out) noexcept;
+  ReaderSlot* readerSlot(int index) noexcept;
+  ReaderSlot* mySlot() noexcept {
+    const int ti = threadIndex();
+    return ti >= 0 ? readerSlot(ti) : nullptr;
+  }
+  void addUnused(ReaderSlot* slot, std::int64_t delta) noexcept;
+  std::int64_t unusedExact() const noexcept;
+
+  // All *_locked members require lock_.
+  Snapshot* current_locked() const noexcept { return index_.load(std::memory_order_relaxed); }
+  void applyQueued_locked() noexcept;
+  void applyInvalidation_locked(Range r) noexcept;
+  bool invalidatedSince_locked(std::uint64_t seq0, Range r) const noexcept;
+  bool markInvalid_locked(RegionImpl* r, DoomReason why) noexcept;
+  void doomUnused_locked(RegionImpl* r, DoomReason why) noexcept;
+  bool evictOne_locked() noexcept;
+  bool makeRoom_locked(std::size_t bytes) noexcept;
+  void enforceUnused_locked() noexcept;
+  std::size_t evictAllUnused_locked() noexcept;
+  void pushDead_locked(RegionImpl* r) noexcept;
+  RegionImpl* takeDead_locked() noexcept;
+  void setWork_locked(bool on) noexcept;
+  bool rebuild_locked(RegionImpl* add) noexcept;
+  void retire_locked(Retired* x) noexcept;
+  void retireRegions_locked(RegionImpl* list) noexcept;
+  Retired* collect_locked() noexcept;
+
+  void finishWork() noexcept;
+  void releaseInvalid(RegionImpl* r) noexcept;
+  void deregister(RegionImpl* r) noexcept;
+  static void freeList(Retired* list) noexcept;
+
+  const Config config_;
+  const std::int64_t unused_flush_bound_;
+
+  // Read on every get(): queued invalidations (low 32 bits) + kWorkBit while deregistrations wait.
+  alignas(kCacheLine) std::atomic<std::uint64_t> attention_{0};
+  std::atomic<Snapshot*> index_{nullptr};
+  std::atomic<std::uint64_t> epoch_{1};
+  std::atomic<std::size_t> chunk_limit_{0};  // chunks_[0, chunk_limit_) may be non-null
+  std::atomic<SlotChunk*> chunks_[kMaxChunks] = {};
+  static constexpr std::uint64_t kWorkBit = 1ull << 32;
+
+  alignas(kCacheLine) WriterLock lock_;
+  detail::RangeRing<kRingCapacity> ring_;
+  std::atomic<std::uint64_t> ring_overflow_{0};  // pushes that found ring_ full, not yet applied
+
+  // Guarded by lock_.
+  RegionImpl* dead_ = nullptr;    // unused invalid regions waiting for deregistration
+  RegionImpl* zombies_ = nullptr; // deregistered, still in the snapshot (a rebuild failed)
+  Retired* garbage_ = nullptr;    // waiting for readers to leave their epoch
+  bool retired_since_advance_ = false;
+  bool dirty_ = false;            // the published snapshot holds invalid entries
+  bool work_flag_ = false;        // mirrors kWorkBit in attention_
+  std::atomic<std::uint32_t> fork_gen_{0};  // bumped in a fork child (single-threaded there)
+  std::uint64_t inval_seq_ = 0;   // invalidations applied so far
+  Range history_[kHistory];       // the last kHistory of them
+
+  // Counters; writers update them, stats() reads them from any thread.
+  std::atomic<std::uint64_t> slow_hits_{0}, misses_{0}, merges_{0}, evictions_{0};
+  std::atomic<std::uint64_t> inval_in_use_{0}, inval_unused_{0}, deferred_{0}, overflows_{0};
+  std::atomic<std::int64_t> regions_{0}, pinned_{0};  // indexed or held (or being registered)
+  std::atomic<std::int64_t> unused_shared_{0};        // plus the readers' unused_delta
+};
+
+CacheImpl::CacheImpl(const Config& config) noexcept
+    : config_(config),
+      unused_flush_bound_(static_cast<std::int64_t>(
+          std::min<std::size_t>(config.max_unused_bytes / 8, std::size_t{64} << 20))) {
+  index_.store(&g_empty_snapshot, std::memory_order_relaxed);
+  CacheRegistry& reg = cacheRegistry();
+  std::lock_guard<std::mutex> g(reg.mutex);
+  reg_next_ = reg.head;
+  if (reg.head != nullptr) reg.head->reg_prev_ = this;
+  reg.head = this;
+}
+
+CacheImpl::~CacheImpl() {
+  {
+    CacheRegistry& reg = cacheRegistry();
+    std::lock_guard<std::mutex> g(reg.mutex);
+    if (reg_prev_ != nullptr) {
+      reg_prev_->reg_next_ = reg_next_;
+    } else {
+      reg.head = reg_next_;
+    }
+    if (reg_next_ != nullptr) reg_next_->reg_prev_ = reg_prev_;
+  }
+  finishWork();
+  // The contract says nothing is held and nobody calls in any more. Deregister what is left.
+  Snapshot* snap;
+  {
+    WriterGuard g(lock_);
+    snap = current_locked();
+    index_.store(&g_empty_snapshot, std::memory_order_relaxed);
+  }
+  std::size_t held = 0;
+  for (std::size_t i = 0; i < snap->size; ++i) {
+    RegionImpl* r = snap->entries()[i].region;
+    const std::uint64_t s = r->state_.load(std::memory_order_acquire);
+    if ((s & kInvalid) != 0) continue;  // owned by a holder (a contract breach) or already gone
+    if ((s & kHolderMask) != 0) ++held;
+    deregister(r);
+    delete r;
+  }
+  for (RegionImpl* z = zombies_; z != nullptr;) {
+    RegionImpl* next = z->next_dead_;
+    delete z;
+    z = next;
+  }
+  if (held != 0) logf(LogLevel::kWarn, "cache destroyed with %zu regions still held", held);
+  if (snap != &g_empty_snapshot) Snapshot::release(snap);
+  freeList(garbage_);
+  garbage_ = nullptr;
+  for (auto& c : chunks_) delete c.load(std::memory_order_relaxed);
+}
+
+Status CacheImpl::checkRequest(const void* address, std::size_t length, unsigned access,
+                               const Backend* backend, Region* const* region,
+                               Request* rq) const noexcept {
+  const auto addr = reinterpret_cast<std::uintptr_t>(address);
+  if (region == nullptr || backend == nullptr) {
+    logf(LogLevel::kError, "get(%p, %zu): null %s", address, length,
+         region == nullptr ? "region output" : "backend");
+    return Status::kInvalidParam;
+  }
+  if (length == 0 || length > kMaxRequestLength) {
+    logf(LogLevel::kError, "get(%p, %zu): %s length", address, length,
+         length == 0 ? "zero" : "absurd");
+    return Status::kInvalidParam;
+  }
+  if ((access & ~static_cast<unsigned>(kAccessAll)) != 0) {
+    logf(LogLevel::kError, "get(%p, %zu): unknown access bits 0x%x", address, length, access);
+    return Status::kInvalidParam;
+  }
+  const std::uintptr_t mask = config_.alignment - 1;
+  std::uintptr_t last;
+  if (__builtin_add_overflow(addr, length - 1, &last) || last > UINTPTR_MAX - mask) {
+    logf(LogLevel::kError, "get(%p, %zu): range wraps around the address space", address, length);
+    return Status::kInvalidParam;
+  }
+  rq->start = addr & ~mask;
+  rq->end = (last | mask) + 1;  // may be 0 only if the range reaches the very top; excluded above
+  if (rq->end == 0) return Status::kInvalidParam;
+  if (rq->end - rq->start > config_.max_pinned_bytes) {
+    logf(LogLevel::kError, "get(%p, %zu): %zu aligned bytes exceed max_pinned_bytes %zu", address,
+         length, static_cast<std::size_t>(rq->end - rq->start), config_.max_pinned_bytes);
+    return Status::kExceedsLimit;
+  }
+  return Status::kOk;
+}
+
+ReaderSlot* CacheImpl::readerSlot(int index) noexcept {
+  const auto ci = static_cast<std::size_t>(index) / kSlotsPerChunk;
+  SlotChunk* c = chunks_[ci].load(std::memory_order_acquire);
+  if (__builtin_expect(c == nullptr, 0)) {
+    auto* fresh = new (std::nothrow) SlotChunk;
+    if (fresh == nullptr) return nullptr;
+    if (chunks_[ci].compare_exchange_strong(c, fresh, std::memory_order_seq_cst)) {
+      c = fresh;
+      std::size_t lim = chunk_limit_.load(std::memory_order_relaxed);
+      while (lim < ci + 1 &&
+             !chunk_limit_.compare_exchange_weak(lim, ci + 1, std::memory_order_seq_cst)) {
+      }
+    } else {
+      delete fresh;
+    }
+  }
+  return &c->slot[static_cast<std::size_t>(index) % kSlotsPerChunk];
+}
+
+void CacheImpl::addUnused(ReaderSlot* slot, std::int64_t delta) noexcept {
+  if (slot == nullptr) {
+    unused_shared_.fetch_add(delta, std::memory_order_relaxed);
+    return;
+  }
+  std::int64_t v = slot->unused_delta.load(std::memory_order_relaxed) + delta;
+  if (v > unused_flush_bound_ || v < -unused_flush_bound_) {
+    slot->unused_delta.store(0, std::memory_order_relaxed);
+    const std::int64_t total = unused_shared_.fetch_add(v, std::memory_order_relaxed) + v;
+    if (delta > 0 && total > static_cast<std::int64_t>(config_.max_unused_bytes)) {
+      // Over the unused limit: have the next caller (or this put) evict.
+      WriterGuard g(lock_);
+      setWork_locked(true);
+    }
+    return;
+  }
+  slot->unused_delta.store(v, std::memory_order_relaxed);
+}
+
+std::int64_t CacheImpl::unusedExact() const noexcept {
+  std::int64_t sum = unused_shared_.load(std::memory_order_relaxed);
+  const std::size_t lim = chunk_limit_.load(std::memory_order_acquire);
+  for (std::size_t ci = 0; ci < lim; ++ci) {
+    const SlotChunk* c = chunks_[ci].load(std::memory_order_acquire);
+    if (c == nullptr) continue;
+    for (const ReaderSlot& s : c->slot) sum += s.unused_delta.load(std::memory_order_relaxed);
+  }
+  return sum;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Hit path
+
+Status CacheImpl::get(const void* address, std::size_t length, unsigned access, MemType type,
+                      Backend* backend, Region** region) noexcept {
+  Request rq;
+  const Status st = checkRequest(address, length, access, backend, region, &rq);
+  if (st != Status::kOk) return st;
+  ReaderSlot* slot = mySlot();
+  if (__builtin_expect(slot != nullptr && attention_.load(std::memory_order_acquire) == 0, 1)) {
+    slot->epoch.store(epoch_.load(std::memory_order_acquire), std::memory_order_seq_cst);
+    const Snapshot* snap = index_.load(std::memory_order_seq_cst);
+    const std::size_t i = snap->floor(rq.start);
+    bool hit = false;
+    std::uint64_t prev = 0;
+    RegionImpl* r = nullptr;
+    if (i != snap->size && snap->entries()[i].end >= rq.end) {
+      r = snap->entries()[i].region;
+      hit = r->matches(access, type, backend) && r->tryAcquire(&prev);
+    }
+    slot->epoch.store(0, std::memory_order_release);
+    if (hit) {
+      bump(slot->hits, std::uint64_t{1});
+      if (prev == 0) addUnused(slot, -static_cast<std::int64_t>(r->length()));
+      *region = r;
+      return Status::kOk;
+    }
+  }
+  return getSlow(rq, access, type, backend, region);
+}
+
+void CacheImpl::put(Region* region) noexcept {
+  if (region == nullptr) {
+    logf(LogLevel::kError, "put(nullptr)");
+    return;
+  }
+  auto* r = static_cast<RegionImpl*>(region);
+  const auto len = static_cast<std::int64_t>(r->length());
+  r->last_used_.store(detail::lruTick(), std::memory_order_relaxed);
+  const std::uint64_t prev = r->state_.fetch_sub(1, std::memory_order_acq_rel);
+  if (__builtin_expect((prev & kHolderMask) == 1, 1)) {
+    // The last holder. A valid region stays cached (unused); an invalid one is ours to deregister.
+    if ((prev & kInvalid) == 0) {
+      addUnused(mySlot(), len);
+    } else {
+      releaseInvalid(r);
+    }
+  } else if ((prev & kHolderMask) == 0) {
+    r->state_.fetch_add(1, std::memory_order_relaxed);
+    logf(LogLevel::kError, "put(%p): region is not held", static_cast<void*>(r));
+    return;
+  }
+  if (attention_.load(std::memory_order_acquire) != 0) finishWork();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Miss path
+
+Status CacheImpl::getSlow(const Request& rq, unsigned access, MemType type, Backend* backend,
+                          Region** out) noexcept {
+  RegionImpl* hit = nullptr;
+  Range want{rq.start, rq.end};
+  unsigned want_access = access;
+  std::uint64_t seq0 = 0;
+  Status st = Status::kOk;
+  {
+    WriterGuard g(lock_);
+    applyQueued_locked();
+    Snapshot* snap = current_locked();
+    std::uint64_t prev = 0;
+    const std::size_t i = snap->floor(rq.start);
+    if (i != snap->size && snap->entries()[i].end >= rq.end) {
+      RegionImpl* r = snap->entries()[i].region;
+      if (r->matches(access, type, backend) && r->tryAcquire(&prev)) hit = r;
+    }
+    if (hit != nullptr) {
+      bump(slow_hits_, std::uint64_t{1});
+      if (prev == 0) {
+        unused_shared_.fetch_sub(static_cast<std::int64_t>(hit->length()),
+                                 std::memory_order_relaxed);
+      }
+    } else {
+      // Rule 3: the new registration covers the union of the overlapping valid regions.
+      for (std::size_t k = snap->firstOverlap(rq.start); k < snap->size; ++k) {
+        const Entry& e = snap->entries()[k];
+        if (e.start >= rq.end) break;
+        RegionImpl* r = e.region;
+        if ((r->state_.load(std::memory_order_relaxed) & kInvalid) != 0) continue;
+        if (r->memType() != type || r->backend() != backend) continue;
+        want.start = std::min(want.start, e.start);
+        want.end = std::max(want.end, e.end);
+        want_access |= r->access();
+      }
+      if (want.end - want.start > config_.max_pinned_bytes) want = {rq.start, rq.end};
+      if (!makeRoom_locked(want.end - want.start)) {
+        st = Status::kNoResource;
+      } else {
+        regions_.fetch_add(1, std::memory_order_relaxed);
+        pinned_.fetch_add(static_cast<std::int64_t>(want.end - want.start),
+                          std::memory_order_relaxed);
+        seq0 = inval_seq_;
+      }
+    }
+  }
+  finishWork();
+  if (hit != nullptr) {
+    *out = hit;
+    return Status::kOk;
+  }
+  if (st != Status::kOk) {
+    logf(LogLevel::kError,
+         "register [0x%zx, 0x%zx): region limits reached (max_regions %zu, max_pinned_bytes %zu) "
+         "and every region is in use",
+         static_cast<std::size_t>(rq.start), static_cast<std::size_t>(rq.end),
+         config_.max_regions, config_.max_pinned_bytes);
+    return st;
+  }
+
+  const std::size_t len = want.end - want.start;
+  auto unreserve = [&] {
+    regions_.fetch_sub(1, std::memory_order_relaxed);
+    pinned_.fetch_sub(static_cast<std::int64_t>(len), std::memory_order_relaxed);
+  };
+  Registration reg{};
+  st = backend->reg(want.start, len, want_access, type, &reg);
+  if (st == Status::kNoResource) {
+    // Rule 6: evict every unused region, then retry once.
+    std::size_t evicted;
+    {
+      WriterGuard g(lock_);
+      evicted = evictAllUnused_locked();
+    }
+    finishWork();
+    logf(LogLevel::kDebug, "backend out of resources: evicted %zu unused regions, retrying",
+         evicted);
+    st = backend->reg(want.start, len, want_access, type, &reg);
+  }
+  if (st != Status::kOk) {
+    unreserve();
+    logf(LogLevel::kError, "%s: registering [0x%zx, 0x%zx) failed: %s", backend->name(),
+         static_cast<std::size_t>(want.start), static_cast<std::size_t>(want.end),
+         statusString(st));
+    return st;
+  }
+  auto* nr = new (std::nothrow) RegionImpl(want.start, want.end, want_access, type, backend, reg);
+  if (nr == nullptr) {
+    backend->dereg(reg);
+    unreserve();
+    logf(LogLevel::kError, "no memory for a region");
+    return Status::kNoMemory;
+  }
+  nr->fork_gen_ = fork_gen_.load(std::memory_order_relaxed);
+  misses_.fetch_add(1, std::memory_order_relaxed);
+  {
+    WriterGuard g(lock_);
+    applyQueued_locked();
+    if (invalidatedSince_locked(seq0, want)) {
+      // The memory changed while we registered it. The caller asked before the invalidation
+      // completed, so it may use this registration, but nobody else will: it never enters the index.
+      nr->state_.store(1 | kInvalid, std::memory_order_relaxed);
+      bump(inval_in_use_, std::uint64_t{1});
+      bump(deferred_, std::uint64_t{1});
+    } else {
+      Snapshot* snap = current_locked();
+      bool merged = false;
+      for (std::size_t k = snap->firstOverlap(want.start); k < snap->size; ++k) {
+        const Entry& e = snap->entries()[k];
+        if (e.start >= want.end) break;
+        RegionImpl* r = e.region;
+        const bool same = r->memType() == type && r->backend() == backend;
+        if (markInvalid_locked(r, same ? DoomReason::kMerged : DoomReason::kStale)) {
+          merged = merged || same;
+        }
+      }
+      if (merged) bump(merges_, std::uint64_t{1});
+      if (!rebuild_locked(nr)) {
+        nr->state_.store(1 | kInvalid, std::memory_order_relaxed);  // usable, never indexed
+        bump(deferred_, std::uint64_t{1});
+      }
+    }
+  }
+  finishWork();
+  *out = nr;
+  return Status::kOk;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Invalidation
+
+void CacheImpl::invalidate(const void* address, std::size_t length) noexcept {
+  if (length == 0) return;
+  const auto addr = reinterpret_cast<std::uintptr_t>(address);
+  const std::uintptr_t mask = config_.alignment - 1;
+  Range r{addr & ~mask, UINTPTR_MAX};
+  std::uintptr_t last;
+  if (!__builtin_add_overflow(addr, length - 1, &last) && last <= UINTPTR_MAX - mask) {
+    r.end = (last | mask) + 1;
+  }
+  attention_.fetch_add(1, std::memory_order_seq_cst);
+  if (!ring_.push(r)) ring_overflow_.fetch_add(1, std::memory_order_seq_cst);
+  if (lock_.try_lock()) {
+    applyQueued_locked();
+    lock_.unlock();
+  }
+}
+
+void CacheImpl::applyQueued_locked() noexcept {
+  std::uint64_t n = 0;
+  Range r;
+  while (ring_.pop(&r)) {
+    applyInvalidation_locked(r);
+    ++n;
+  }
+  const std::uint64_t over = ring_overflow_.exchange(0, std::memory_order_acq_rel);
+  if (over != 0) {
+    applyInvalidation_locked(Range{0, UINTPTR_MAX});
+    bump(overflows_, over);
+    n += over;
+  }
+  if (n != 0) attention_.fetch_sub(n, std::memory_order_acq_rel);
+}
+
+void CacheImpl::applyInvalidation_locked(Range r) noexcept {
+  history_[inval_seq_ % kHistory] = r;
+  ++inval_seq_;
+  Snapshot* snap = current_locked();
+  for (std::size_t k = snap->firstOverlap(r.start); k < snap->size; ++k) {
+    const Entry& e = snap->entries()[k];
+    if (e.start >= r.end) break;
+    markInvalid_locked(e.region, DoomReason::kInvalidated);
+  }
+}
+
+bool CacheImpl::invalidatedSince_locked(std::uint64_t seq0, Range r) const noexcept {
+  if (inval_seq_ - seq0 > kHistory) return true;  // too many to tell: assume the worst
+  for (std::uint64_t s = seq0; s < inval_seq_; ++s) {
+    if (history_[s % kHistory].overlaps(r.start, r.end)) return true;
+  }
+  return false;
+}
+
+// Takes `r` out of the index (logically: the snapshot is rebuilt later). Returns false if it already
+// was. An unused region goes to the dead list; a held one is deregistered by its last put().
+bool CacheImpl::markInvalid_locked(RegionImpl* r, DoomReason why) noexcept {
+  const std::uint64_t prev = r->state_.fetch_or(kInvalid, std::memory_order_acq_rel);
+  if ((prev & kInvalid) != 0) return false;
+  dirty_ = true;
+  if ((prev & kHolderMask) == 0) {
+    doomUnused_locked(r, why);
+  } else {
+    bump(deferred_, std::uint64_t{1});
+    if (why == DoomReason::kInvalidated || why == DoomReason::kStale) {
+      bump(inval_in_use_, std::uint64_t{1});
+    }
+  }
+  return true;
+}
+
+// Bookkeeping for a region that just became invalid with no holder: it leaves the counters and waits
+// on the dead list for deregistration outside lock_.
+void CacheImpl::doomUnused_locked(RegionImpl* r, DoomReason why) noexcept {
+  dirty_ = true;
+  const auto len = static_cast<std::int64_t>(r->length());
+  unused_shared_.fetch_sub(len, std::memory_order_relaxed);
+  regions_.fetch_sub(1, std::memory_order_relaxed);
+  pinned_.fetch_sub(len, std::memory_order_relaxed);
+  switch (why) {
+    case DoomReason::kEvicted: bump(evictions_, std::uint64_t{1}); break;
+    case DoomReason::kInvalidated:
+    case DoomReason::kStale: bump(inval_unused_, std::uint64_t{1}); break;
+    case DoomReason::kMerged: break;
+  }
+  pushDead_locked(r);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Eviction (rule 6): least recently released unused region first.
+
+bool CacheImpl::evictOne_locked() noexcept {
+  for (;;) {
+    Snapshot* snap = current_locked();
+    RegionImpl* victim = nullptr;
+    std::uint64_t oldest = UINT64_MAX;
+    for (std::size_t k = 0; k < snap->size; ++k) {
+      RegionImpl* r = snap->entries()[k].region;
+      if (r->state_.load(std::memory_order_relaxed) != 0) continue;  // held or invalid
+      const std::uint64_t t = r->last_used_.load(std::memory_order_relaxed);
+      if (victim == nullptr || t < oldest) {
+        victim = r;
+        oldest = t;
+      }
+    }
+    if (victim == nullptr) return false;
+    std::uint64_t unused_valid = 0;
+    if (victim->state_.compare_exchange_strong(unused_valid, kInvalid,
+                                               std::memory_order_acq_rel)) {
+      doomUnused_locked(victim, DoomReason::kEvicted);
+      return true;
+    }
+    // A reader took it meanwhile: look again.
+  }
+}
+
+bool CacheImpl::makeRoom_locked(std::size_t bytes) noexcept {
+  auto over = [&] {
+    const auto regions = static_cast<std::size_t>(std::max<std::int64_t>(0, regions_.load()));
+    const auto pinned = static_cast<std::size_t>(std::max<std::int64_t>(0, pinned_.load()));
+    return regions + 1 > config_.max_regions ||
+           (config_.max_pinned_bytes != SIZE_MAX && pinned + bytes > config_.max_pinned_bytes);
+  };
+  while (over()) {
+    if (!evictOne_locked()) return false;
+  }
+  return true;
+}
+
+void CacheImpl::enforceUnused_locked() noexcept {
+  if (config_.max_unused_bytes == SIZE_MAX) return;
+  while (unusedExact() > static_cast<std::int64_t>(config_.max_unused_bytes)) {
+    if (!evictOne_locked()) break;
+  }
+}
+
+std::size_t CacheImpl::evictAllUnused_locked() noexcept {
+  std::size_t n = 0;
+  while (evictOne_locked()) ++n;
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Dead regions, snapshots, reclamation
+
+void CacheImpl::pushDead_locked(RegionImpl* r) noexcept {
+  r->next_dead_ = dead_;
+  dead_ = r;
+  setWork_locked(true);
+}
+
+RegionImpl* CacheImpl::takeDead_locked() noexcept {
+  RegionImpl* d = dead_;
+  dead_ = nullptr;
+  setWork_locked(false);
+  return d;
+}
+
+void CacheImpl::setWork_locked(bool on) noexcept {
+  if (on == work_flag_) return;
+  work_flag_ = on;
+  if (on) {
+    attention_.fetch_add(kWorkBit, std::memory_order_seq_cst);
+  } else {
+    attention_.fetch_sub(kWorkBit, std::memory_order_seq_cst);
+  }
+}
+
+// Publishes a snapshot of the valid regions plus `add` (may be null). False on allocation failure
+// (the old snapshot stays: its invalid entries are harmless, readers skip them).
+bool CacheImpl::rebuild_locked(RegionImpl* add) noexcept {
+  Snapshot* cur = current_locked();
+  std::size_t n = add != nullptr ? 1 : 0;
+  for (std::size_t k = 0; k < cur->size; ++k) {
+    if ((cur->entries()[k].region->state_.load(std::memory_order_relaxed) & kInvalid) == 0) ++n;
+  }
+  Snapshot* next = Snapshot::allocate(n);
+  if (next == nullptr) return false;
+  std::size_t j = 0;
+  bool added = add == nullptr;
+  for (std::size_t k = 0; k < cur->size; ++k) {
+    const Entry& e = cur->entries()[k];
+    if ((e.region->state_.load(std::memory_order_relaxed) & kInvalid) != 0) {
+      e.region->in_index_ = false;
+      continue;
+    }
+    if (!added && add->start() < e.start) {
+      next->entries()[j++] = Entry{add->start(), add->end(), add};
+      added = true;
+    }
+    next->entries()[j++] = e;
+  }
+  if (!added) next->entries()[j++] = Entry{add->start(), add->end(), add};
+  if (add != nullptr) add->in_index_ = true;
+  index_.store(next, std::memory_order_seq_cst);
+  dirty_ = false;
+  if (cur != &g_empty_snapshot) retire_locked(cur);
+  return true;
+}
+
+void CacheImpl::retire_locked(Retired* x) noexcept {
+  x->retire_epoch = epoch_.load(std::memory_order_relaxed);
+  x->next_retired = garbage_;
+  garbage_ = x;
+  retired_since_advance_ = true;
+}
+
+// `list` (linked by next_dead_) is deregistered. Once no snapshot holds them they are retired; if the
+// snapshot cannot be rebuilt now (no memory) they wait on zombies_ for the next pass.
+void CacheImpl::retireRegions_locked(RegionImpl* list) noexcept {
+  bool indexed = false;
+  for (RegionImpl* r = list; r != nullptr; r = r->next_dead_) indexed = indexed || r->in_index_;
+  if (indexed && !rebuild_locked(nullptr)) {
+    RegionImpl* tail = list;
+    while (tail->next_dead_ != nullptr) tail = tail->next_dead_;
+    tail->next_dead_ = zombies_;
+    zombies_ = list;
+    return;
+  }
+  for (RegionImpl* r = list; r != nullptr;) {
+    RegionImpl* next = r->next_dead_;
+    retire_locked(r);
+    r = next;
+  }
+}
+
+// Frees what no reader can see any more: returns the list to free once lock_ is released.
+Retired* CacheImpl::collect_locked() noexcept {
+  if (garbage_ == nullptr) return nullptr;
+  if (retired_since_advance_) {
+    epoch_.fetch_add(1, std::memory_order_seq_cst);
+    retired_since_advance_ = false;
+  }
+  std::uint64_t min_active = UINT64_MAX;
+  const std::size_t lim = chunk_limit_.load(std::memory_order_seq_cst);
+  for (std::size_t ci = 0; ci < lim; ++ci) {
+    const SlotChunk* c = chunks_[ci].load(std::memory_order_seq_cst);
+    if (c == nullptr) continue;
+    for (const ReaderSlot& s : c->slot) {
+      const std::uint64_t e = s.epoch.load(std::memory_order_seq_cst);
+      if (e != 0 && e < min_active) min_active = e;
+    }
+  }
+  Retired* freeable = nullptr;
+  Retired** link = &garbage_;
+  while (*link != nullptr) {
+    Retired* x = *link;
+    if (x->retire_epoch < min_active) {
+      *link = x->next_retired;
+      x->next_retired = freeable;
+      freeable = x;
+    } else {
+      link = &x->next_retired;
+    }
+  }
+  return freeable;
+}
+
+void CacheImpl::freeList(Retired* list) noexcept {
+  while (list != nullptr) {
+    Retired* next = list->next_retired;
+    if (list->is_region) {
+      delete static_cast<RegionImpl*>(list);
+    } else {
+      Snapshot::release(static_cast<Snapshot*>(list));
+    }
+    list = next;
+  }
+}
+
+// A registration made before a fork() is the parent's: the child never deregisters it.
+void CacheImpl::deregister(RegionImpl* r) noexcept {
+  if (r->fork_gen_ == fork_gen_.load(std::memory_order_relaxed)) r->backend()->dereg(r->registration());
+}
+
+// Applies queued invalidations, deregisters dead regions (outside lock_) and frees what readers no
+// longer see. Loops because a deregistration may itself raise invalidations (re-entrancy, rule 8).
+void CacheImpl::finishWork() noexcept {
+  for (int round = 0;; ++round) {
+    RegionImpl* dead;
+    Retired* freeable;
+    {
+      WriterGuard g(lock_);
+      applyQueued_locked();
+      enforceUnused_locked();
+      dead = takeDead_locked();
+      if (zombies_ != nullptr) {
+        RegionImpl* z = zombies_;
+        zombies_ = nullptr;
+        retireRegions_locked(z);
+      }
+      if (dead == nullptr && dirty_) rebuild_locked(nullptr);
+      freeable = collect_locked();
+    }
+    freeList(freeable);
+    if (dead == nullptr) return;
+    for (RegionImpl* r = dead; r != nullptr; r = r->next_dead_) deregister(r);
+    {
+      WriterGuard g(lock_);
+      applyQueued_locked();
+      retireRegions_locked(dead);
+      freeable = collect_locked();
+    }
+    freeList(freeable);
+  }
+}
+
+void CacheImpl::releaseInvalid(RegionImpl* r) noexcept {
+  if (r->fork_gen_ == fork_gen_.load(std::memory_order_relaxed)) {
+    regions_.fetch_sub(1, std::memory_order_relaxed);
+    pinned_.fetch_sub(static_cast<std::int64_t>(r->length()), std::memory_order_relaxed);
+    r->backend()->dereg(r->registration());
+  }
+  Retired* freeable;
+  {
+    WriterGuard g(lock_);
+    r->next_dead_ = nullptr;
+    retireRegions_locked(r);
+    freeable = collect_locked();
+  }
+  freeList(freeable);
+}
+
+void CacheImpl::progress() noexcept { finishWork(); }
+
+Stats CacheImpl::stats() const noexcept {
+  Stats s;
+  s.hits = slow_hits_.load(std::memory_order_relaxed);
+  const std::size_t lim = chunk_limit_.load(std::memory_order_acquire);
+  for (std::size_t ci = 0; ci < lim; ++ci) {
+    const SlotChunk* c = chunks_[ci].load(std::memory_order_acquire);
+    if (c == nullptr) continue;
+    for (const ReaderSlot& rs : c->slot) s.hits += rs.hits.load(std::memory_order_relaxed);
+  }
+  s.misses = misses_.load(std::memory_order_relaxed);
+  s.merges = merges_.load(std::memory_order_relaxed);
+  s.evictions = evictions_.load(std::memory_order_relaxed);
+  s.invalidations_in_use = inval_in_use_.load(std::memory_order_relaxed);
+  s.invalidations_unused = inval_unused_.load(std::memory_order_relaxed);
+  s.deferred_deregs = deferred_.load(std::memory_order_relaxed);
+  s.regions = static_cast<std::uint64_t>(std::max<std::int64_t>(0, regions_.load()));
+  s.pinned_bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(0, pinned_.load()));
+  s.unused_bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(0, unusedExact()));
+  s.invalidation_overflows = overflows_.load(std::memory_order_relaxed);
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// fork() (rule 9)
+
+// In the child, only the forking thread exists and lock_ is held by it (taken in forkPrepare()). The
+// child must never hand out nor deregister the parent's registrations: every region becomes an
+// orphan (invalid, never deregistered), the index is emptied, and orphans are freed as they are
+// released. No allocation here.
+void CacheImpl::forkChild() noexcept {
+  if (!config_.purge_on_fork) {
+    lock_.unlock();
+    return;
+  }
+  // From here on every existing region belongs to an older generation: deregister() and
+  // releaseInvalid() skip the backend for it and it leaves no trace in the counters.
+  fork_gen_.fetch_add(1, std::memory_order_relaxed);
+  Range r;
+  while (ring_.pop(&r)) {
+  }
+  ring_overflow_.store(0, std::memory_order_relaxed);
+  Snapshot* snap = current_locked();
+  index_.store(&g_empty_snapshot, std::memory_order_relaxed);
+  for (std::size_t k = 0; k < snap->size; ++k) {
+    RegionImpl* reg = snap->entries()[k].region;
+    reg->in_index_ = false;
+    const std::uint64_t prev = reg->state_.fetch_or(kInvalid, std::memory_order_relaxed);
+    if ((prev & (kInvalid | kHolderMask)) == 0) pushDead_locked(reg);  // freed by the next pass
+  }
+  if (snap != &g_empty_snapshot) retire_locked(snap);
+  const std::size_t lim = chunk_limit_.load(std::memory_order_relaxed);
+  for (std::size_t ci = 0; ci < lim; ++ci) {
+    SlotChunk* c = chunks_[ci].load(std::memory_order_relaxed);
+    if (c == nullptr) continue;
+    for (ReaderSlot& s : c->slot) {
+      s.epoch.store(0, std::memory_order_relaxed);
+      s.unused_delta.store(0, std::memory_order_relaxed);
+    }
+  }
+  regions_.store(0, std::memory_order_relaxed);
+  pinned_.store(0, std::memory_order_relaxed);
+  unused_shared_.store(0, std::memory_order_relaxed);
+  attention_.store(work_flag_ ? kWorkBit : 0, std::memory_order_relaxed);
+  dirty_ = false;
+  lock_.unlock();
+}
+
+void atforkPrepare() {
+  threadRegistry().mutex.lock();
+  cacheRegistry().mutex.lock();
+  for (CacheImpl* c = cacheRegistry().head; c != nullptr; c = c->reg_next_) c->forkPrepare();
+}
+
+void atforkParent() {
+  for (CacheImpl* c = cacheRegistry().head; c != nullptr; c = c->reg_next_) c->forkParent();
+  cacheRegistry().mutex.unlock();
+  threadRegistry().mutex.unlock();
+}
+
+void atforkChild() {
+  for (CacheImpl* c = cacheRegistry().head; c != nullptr; c = c->reg_next_) c->forkChild();
+  cacheRegistry().mutex.unlock();
+  threadRegistry().mutex.unlock();
+}
+
+std::once_flag g_atfork_once;
+
+}  // namespace
+
+void setLogHandler(LogHandler handler) noexcept {
+  g_log_handler.store(handler, std::memory_order_release);
+}
+
+Status Cache::create(const Config& config, std::unique_ptr<Cache>* out) {
+  if (out == nullptr) return Status::kInvalidParam;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const auto page_size = static_cast<std::size_t>(page > 0 ? page : 4096);
+  const std::size_t a = config.alignment;
+  if (a < page_size || (a & (a - 1)) != 0 || a > (std::size_t{1} << 30)) {
+    logf(LogLevel::kError, "invalid alignment %zu: a power of two between %zu and 1 GiB", a,
+         page_size);
+    return Status::kInvalidParam;
+  }
+  if (config.max_regions == 0 || config.max_pinned_bytes < a ||
+      (config.max_regions != SIZE_MAX && config.max_regions > (std::size_t{1} << 40)) ||
+      (config.max_pinned_bytes != SIZE_MAX && config.max_pinned_bytes > kMaxRequestLength)) {
+    logf(LogLevel::kError,
+         "invalid limits: max_regions %zu (1..2^40 or unlimited), max_pinned_bytes %zu "
+         "(alignment..2^57 or unlimited)",
+         config.max_regions, config.max_pinned_bytes);
+    return Status::kInvalidParam;
+  }
+  if (config.max_unused_bytes != SIZE_MAX && config.max_unused_bytes > kMaxRequestLength) {
+    logf(LogLevel::kError, "invalid limit: max_unused_bytes %zu", config.max_unused_bytes);
+    return Status::kInvalidParam;
+  }
+  std::call_once(g_atfork_once, [] { pthread_atfork(atforkPrepare, atforkParent, atforkChild); });
+  auto* c = new (std::nothrow) CacheImpl(config);
+  if (c == nullptr) return Status::kNoMemory;
+  out->reset(c);
+  return Status::kOk;
 }
 
 }  // namespace gmd::rcache

@@ -31,6 +31,16 @@ enum class Status : std::uint8_t {
 };
 const char* statusString(Status s) noexcept;
 
+// Where the cache's log lines go. The cache logs once where an error is decided (bad input, a failed
+// registration, a limit reached) and never from inside invalidate(). The default handler writes errors
+// and warnings to stderr; md/ routes them to UCX's logger. nullptr restores the default.
+enum class LogLevel : std::uint8_t { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
+using LogHandler = void (*)(LogLevel level, const char* message) noexcept;
+void setLogHandler(LogHandler handler) noexcept;
+
+// Requests longer than this are rejected as absurd (kInvalidParam): larger than any user address space.
+inline constexpr std::size_t kMaxRequestLength = std::size_t{1} << 57;
+
 // Access rights, a bit set. A region satisfies a request when it holds every requested bit.
 enum Access : unsigned {
   kAccessLocalRead = 1u << 0,
@@ -119,6 +129,8 @@ struct Stats {
   std::uint64_t regions = 0;                 // registrations alive now (indexed or held)
   std::uint64_t pinned_bytes = 0;            // bytes they cover
   std::uint64_t unused_bytes = 0;            // bytes of unused regions still cached
+  std::uint64_t invalidation_overflows = 0;  // invalidations that found the queue full and were applied
+                                             // conservatively (the whole index dropped)
 };
 
 class Cache : public InvalidationSink {

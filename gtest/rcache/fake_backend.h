@@ -1,0 +1,151 @@
+// A registration backend for tests that keeps an oracle of what is registered, by whom, and how often
+// it was deregistered. Thread-safe (one mutex); failures can be injected.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <ostream>
+#include <vector>
+
+#include "rcache/rcache.h"
+
+namespace gmd::rcache {
+// Lets gtest print a Status by name.
+inline void PrintTo(Status s, std::ostream* os) { *os << statusString(s); }
+}  // namespace gmd::rcache
+
+namespace gmd::rcache::test {
+
+class FakeBackend final : public Backend {
+ public:
+  struct Record {
+    std::uintptr_t start = 0;
+    std::size_t length = 0;
+    unsigned access = 0;
+    MemType type = MemType::kHost;
+    std::uint64_t token = 0;         // from token_fn at registration time
+    std::atomic<int> holders{0};     // maintained by the test: hold() / release()
+    std::atomic<int> deregs{0};
+  };
+
+  Status reg(std::uintptr_t start, std::size_t length, unsigned access, MemType type,
+             Registration* out) noexcept override {
+    std::function<void(std::uintptr_t, std::size_t)> hook;
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      ++reg_calls_;
+      if (!fail_next_.empty()) {
+        const Status st = fail_next_.front();
+        fail_next_.pop_front();
+        if (st != Status::kOk) return st;
+      }
+      hook = on_reg_;
+    }
+    if (hook) hook(start, length);
+    auto rec = std::make_unique<Record>();
+    rec->start = start;
+    rec->length = length;
+    rec->access = access;
+    rec->type = type;
+    if (token_fn_) rec->token = token_fn_(start);
+    std::lock_guard<std::mutex> g(mutex_);
+    out->handle = rec.get();
+    out->lkey = static_cast<std::uint32_t>(records_.size() + 1);
+    out->rkey = out->lkey + 0x1000;
+    records_.push_back(std::move(rec));
+    ++live_;
+    return Status::kOk;
+  }
+
+  void dereg(const Registration& reg) noexcept override {
+    auto* rec = static_cast<Record*>(reg.handle);
+    std::function<void(Record*)> hook;
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      bool known = false;
+      for (auto& r : records_) known = known || r.get() == rec;
+      EXPECT_TRUE(known) << "dereg of a handle never registered";
+      if (!known) return;
+      EXPECT_EQ(rec->deregs.load(), 0) << "double deregistration of [" << std::hex << rec->start
+                                       << ", +" << rec->length << ")";
+      EXPECT_EQ(rec->holders.load(), 0) << "deregistered while held: [" << std::hex << rec->start
+                                        << ", +" << rec->length << ")";
+      if (rec->holders.load() != 0) premature_.fetch_add(1);
+      rec->deregs.fetch_add(1);
+      --live_;
+      ++dereg_calls_;
+      if (inside_forbidden_ != nullptr && *inside_forbidden_) ++dereg_in_forbidden_;
+      hook = on_dereg_;
+    }
+    if (hook) hook(rec);
+  }
+
+  const char* name() const noexcept override { return "fake"; }
+
+  // Oracle bookkeeping done by the test around get()/put().
+  static Record* record(const Region* r) { return static_cast<Record*>(r->registration().handle); }
+  static void hold(const Region* r) { record(r)->holders.fetch_add(1); }
+  static void release(const Region* r) { record(r)->holders.fetch_sub(1); }
+
+  void failNext(Status st, int times = 1) {
+    std::lock_guard<std::mutex> g(mutex_);
+    for (int i = 0; i < times; ++i) fail_next_.push_back(st);
+  }
+  void onDereg(std::function<void(Record*)> f) {
+    std::lock_guard<std::mutex> g(mutex_);
+    on_dereg_ = std::move(f);
+  }
+  void onReg(std::function<void(std::uintptr_t, std::size_t)> f) {
+    std::lock_guard<std::mutex> g(mutex_);
+    on_reg_ = std::move(f);
+  }
+  void tokenFn(std::function<std::uint64_t(std::uintptr_t)> f) { token_fn_ = std::move(f); }
+  // While *flag is true, any deregistration is counted in deregsInForbidden().
+  void forbidDeregWhile(const bool* flag) { inside_forbidden_ = flag; }
+
+  long live() const {
+    std::lock_guard<std::mutex> g(mutex_);
+    return live_;
+  }
+  long regCalls() const {
+    std::lock_guard<std::mutex> g(mutex_);
+    return reg_calls_;
+  }
+  long deregCalls() const {
+    std::lock_guard<std::mutex> g(mutex_);
+    return dereg_calls_;
+  }
+  long deregsInForbidden() const {
+    std::lock_guard<std::mutex> g(mutex_);
+    return dereg_in_forbidden_;
+  }
+  long premature() const { return premature_.load(); }
+  // Every registration deregistered exactly once.
+  void expectAllDeregisteredOnce() const {
+    std::lock_guard<std::mutex> g(mutex_);
+    for (const auto& r : records_) {
+      EXPECT_EQ(r->deregs.load(), 1) << "registration [" << std::hex << r->start << ", +"
+                                     << r->length << ") deregistered " << std::dec
+                                     << r->deregs.load() << " times";
+    }
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::unique_ptr<Record>> records_;
+  std::deque<Status> fail_next_;
+  std::function<void(Record*)> on_dereg_;
+  std::function<void(std::uintptr_t, std::size_t)> on_reg_;
+  std::function<std::uint64_t(std::uintptr_t)> token_fn_;
+  const bool* inside_forbidden_ = nullptr;
+  long live_ = 0, reg_calls_ = 0, dereg_calls_ = 0, dereg_in_forbidden_ = 0;
+  std::atomic<long> premature_{0};
+};
+
+}  // namespace gmd::rcache::test
