@@ -1,11 +1,22 @@
 // gmd memory-type classification: host, CUDA device or CUDA managed. UCX-free.
 //
-// The CUDA driver is loaded at run time (dlopen libcuda.so.1, or GMD_CUDA_DRIVER_PATH for tests).
-// Without a driver or a device, classify() answers kHost at near-zero cost and logs nothing.
+// The CUDA driver is loaded at run time (dlopen libcuda.so.1, or the file named by the environment
+// variable GMD_CUDA_DRIVER_PATH, used by the tests). Without a driver or a device, classify() answers
+// kHost at near-zero cost (one atomic load) and logs nothing above debug level. Builds configured with
+// GMD_WITH_CUDA=OFF never look for a driver.
+//
+// Known device allocations are kept in a range cache (base, size, device, buffer ID). An unknown
+// pointer costs one driver query (cuPointerGetAttributes); device and managed answers are cached, host
+// answers are not (host address space is reused by mmap without telling the driver).
+//
+// CUDA frees are seen through hooks on the driver's and the runtime's free entry points (see
+// memtype/README.md for the mechanism and its limits). Each free removes the range from the cache and
+// calls every subscriber on the freeing thread before the free reaches the driver.
 //
 // Thread safety: all methods may be called from any thread; classify() on a known range takes no
 // exclusive lock. Free subscribers are called synchronously on the freeing thread, before the memory
-// can be reused, and must be hook-safe (no allocation, no blocking lock).
+// can be reused, and must be hook-safe: no allocation, no blocking lock, no call back into the
+// Classifier (classify() included) and no unsubscribe() from inside the callback.
 #pragma once
 
 #include <cstddef>
@@ -28,9 +39,31 @@ enum class FreeMode : std::uint8_t {
   kHooks,       // intercept the driver's free entry points (default)
   kValidate,    // check the buffer ID on each lookup instead of hooking
   kOff,         // neither (unsafe; for experiments)
+  kHooksAndValidate,  // hooks, plus the buffer-ID check on each hit (catches frees the hooks missed)
 };
+const char* freeModeName(FreeMode m) noexcept;
+// Parses "hooks", "validate", "off", "both"; returns false (and leaves *out) on anything else.
+bool parseFreeMode(const char* text, FreeMode* out) noexcept;
 
 using FreeCallback = void (*)(void* arg, std::uintptr_t start, std::size_t length);
+
+// Log sink. memtype/ knows nothing of UCX; md/ installs a sink that forwards to ucs_log. The default
+// sink writes kError and kWarn to stderr and drops the rest. The message is a NUL-terminated string
+// valid only during the call. May be called from inside a free hook.
+enum class LogLevel : std::uint8_t { kError, kWarn, kInfo, kDebug };
+using LogFn = void (*)(LogLevel level, const char* message);
+void setLogger(LogFn fn) noexcept;  // nullptr restores the default sink
+
+// Counters (monotonic), for tests, benchmarks and the user.
+struct Stats {
+  std::uint64_t lookups = 0;          // classify() calls that reached the CUDA path
+  std::uint64_t cache_hits = 0;       // answered from the range cache
+  std::uint64_t driver_queries = 0;   // cuPointerGetAttributes calls
+  std::uint64_t frees_seen = 0;       // frees delivered to subscribers (hooks, validation, notifyFree)
+  std::uint64_t stale_hits = 0;       // cache hits rejected by the buffer-ID check
+  std::uint64_t hook_slots = 0;       // symbol-table and GOT slots redirected to gmd's hooks
+  std::uint64_t foreign_slots = 0;    // slots already redirected by another interposer, chained to it
+};
 
 // Process-wide classifier (one CUDA driver per process).
 class Classifier {
@@ -38,11 +71,34 @@ class Classifier {
   static Classifier& instance() noexcept;
 
   bool cudaAvailable() const noexcept;  // a driver was loaded and reports at least one device
+  int deviceCount() const noexcept;     // 0 without CUDA
   Info classify(const void* address, std::size_t length) noexcept;
 
   // Subscribe to CUDA frees; returns false when no room. Subscribers are called for every range freed.
   bool subscribe(FreeCallback cb, void* arg) noexcept;
+  // Removes the subscription and waits until no free in flight is still calling it.
   void unsubscribe(FreeCallback cb, void* arg) noexcept;
+
+  // Free detection (default kHooks). Switching to a hooking mode installs the hooks once for the
+  // life of the process; switching away keeps them installed but cached ranges stay authoritative
+  // only in the hooking modes. Takes effect for every later classify().
+  void setFreeMode(FreeMode mode) noexcept;
+  FreeMode freeMode() const noexcept;
+  bool hooksInstalled() const noexcept;
+
+  // Re-scan loaded objects for free entry points bound after the hooks were installed (e.g. a
+  // libcudart.so dlopen'ed later). Also done automatically on a cache miss when the set of loaded
+  // objects changed. Cheap when nothing changed.
+  void refreshHooks() noexcept;
+
+  // An external source (e.g. UCX's UCM_EVENT_MEM_TYPE_FREE when UCX's own CUDA hooks are active)
+  // reports that [start, start + length) was freed: forget it and tell subscribers. Hook-safe.
+  void notifyFree(std::uintptr_t start, std::size_t length) noexcept;
+
+  // Forget every cached range (does not notify). For tests and after fork().
+  void flushCache() noexcept;
+
+  Stats stats() const noexcept;
 };
 
 }  // namespace gmd::memtype

@@ -1,0 +1,130 @@
+// Test helpers for memtype/: the fake driver's entry points (looked up the way a program would, so
+// that they come back hooked once gmd is installed) and a recorder of free notifications.
+#pragma once
+
+#include <dlfcn.h>
+
+#include <cstddef>
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <utility>
+
+#include "memtype/memtype.h"
+
+namespace gmd::memtype::test {
+
+struct FakeDriver {
+  void* handle = nullptr;
+  int (*memAlloc)(std::uint64_t*, std::size_t) = nullptr;
+  int (*memAllocV1)(unsigned*, unsigned) = nullptr;
+  int (*memFree)(std::uint64_t) = nullptr;
+  int (*memAllocManaged)(std::uint64_t*, std::size_t, unsigned) = nullptr;
+  int (*memAllocAsync)(std::uint64_t*, std::size_t, void*) = nullptr;
+  int (*memFreeAsync)(std::uint64_t, void*) = nullptr;
+  int (*addressReserve)(std::uint64_t*, std::size_t, std::size_t, std::uint64_t,
+                        unsigned long long) = nullptr;
+  int (*addressFree)(std::uint64_t, std::size_t) = nullptr;
+  int (*memCreate)(std::uint64_t*, std::size_t, const void*, unsigned long long) = nullptr;
+  int (*memMap)(std::uint64_t, std::size_t, std::size_t, std::uint64_t, unsigned long long) = nullptr;
+  int (*memUnmap)(std::uint64_t, std::size_t) = nullptr;
+  int (*memRelease)(std::uint64_t) = nullptr;
+  int (*getProcAddress)(const char*, void**, int, std::uint64_t, int*) = nullptr;
+  void (*set)(const char*, long) = nullptr;
+  long (*get)(const char*) = nullptr;
+
+  // Loads libcuda.so.1 (the fake, via LD_LIBRARY_PATH or GMD_CUDA_DRIVER_PATH). False if absent or
+  // not the fake.
+  bool load() {
+    const char* path = std::getenv("GMD_CUDA_DRIVER_PATH");
+    handle = dlopen(path != nullptr && path[0] != '\0' ? path : "libcuda.so.1", RTLD_NOW);
+    if (handle == nullptr || dlsym(handle, "gmd_fake_cuda_driver") == nullptr) return false;
+    sym(memAlloc, "cuMemAlloc_v2");
+    sym(memAllocV1, "cuMemAlloc");
+    sym(memFree, "cuMemFree_v2");
+    sym(memAllocManaged, "cuMemAllocManaged");
+    sym(memAllocAsync, "cuMemAllocAsync");
+    sym(memFreeAsync, "cuMemFreeAsync");
+    sym(addressReserve, "cuMemAddressReserve");
+    sym(addressFree, "cuMemAddressFree");
+    sym(memCreate, "cuMemCreate");
+    sym(memMap, "cuMemMap");
+    sym(memUnmap, "cuMemUnmap");
+    sym(memRelease, "cuMemRelease");
+    sym(getProcAddress, "cuGetProcAddress_v2");
+    sym(set, "gmd_fake_cuda_set");
+    sym(get, "gmd_fake_cuda_get");
+    return true;
+  }
+  template <typename F>
+  void sym(F& f, const char* name) {
+    f = reinterpret_cast<F>(dlsym(handle, name));
+  }
+  std::uint64_t alloc(std::size_t size) {
+    std::uint64_t p = 0;
+    return memAlloc(&p, size) == 0 ? p : 0;
+  }
+};
+
+// Records free notifications in a fixed array (subscribers must not allocate).
+class FreeRecorder {
+ public:
+  FreeRecorder() { ok_ = Classifier::instance().subscribe(&FreeRecorder::onFree, this); }
+  ~FreeRecorder() { Classifier::instance().unsubscribe(&FreeRecorder::onFree, this); }
+  FreeRecorder(const FreeRecorder&) = delete;
+  FreeRecorder& operator=(const FreeRecorder&) = delete;
+
+  bool subscribed() const { return ok_; }
+  std::size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return n_;
+  }
+  std::size_t count(std::uintptr_t start, std::size_t length) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::size_t c = 0;
+    for (std::size_t i = 0; i < n_ && i < events_.size(); ++i) {
+      c += events_[i].first == start && events_[i].second == length;
+    }
+    return c;
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    n_ = 0;
+  }
+
+ private:
+  static void onFree(void* arg, std::uintptr_t start, std::size_t length) {
+    auto* self = static_cast<FreeRecorder*>(arg);
+    std::lock_guard<std::mutex> lock(self->mu_);
+    if (self->n_ < self->events_.size()) self->events_[self->n_] = {start, length};
+    ++self->n_;
+  }
+  std::mutex mu_;
+  std::array<std::pair<std::uintptr_t, std::size_t>, 4096> events_{};
+  std::size_t n_ = 0;
+  bool ok_ = false;
+};
+
+// Captures memtype's log lines at or above a level.
+class LogCapture {
+ public:
+  LogCapture() {
+    count_ = 0;
+    loud_ = 0;
+    setLogger(&LogCapture::sink);
+  }
+  ~LogCapture() { setLogger(nullptr); }
+  static int loud() { return loud_; }  // kError, kWarn, kInfo
+  static int all() { return count_; }
+
+ private:
+  static void sink(LogLevel level, const char*) {
+    ++count_;
+    if (level != LogLevel::kDebug) ++loud_;
+  }
+  static inline int count_ = 0;
+  static inline int loud_ = 0;
+};
+
+}  // namespace gmd::memtype::test

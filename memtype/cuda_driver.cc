@@ -1,0 +1,150 @@
+// Loading the CUDA driver at run time, and memtype/'s log sink.
+#include "memtype/cuda_driver.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+
+#if GMD_HAVE_CUDA
+#include <cuda.h>
+#endif
+
+namespace gmd::memtype {
+
+namespace {
+std::atomic<LogFn> g_logger{nullptr};
+
+void defaultSink(LogLevel level, const char* message) {
+  if (level == LogLevel::kError || level == LogLevel::kWarn) {
+    std::fprintf(stderr, "gmd memtype %s: %s\n", level == LogLevel::kError ? "error" : "warning",
+                 message);
+  }
+}
+}  // namespace
+
+void setLogger(LogFn fn) noexcept { g_logger.store(fn, std::memory_order_release); }
+
+namespace detail {
+
+void log(LogLevel level, const char* fmt, ...) noexcept {
+  char buf[256];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  LogFn fn = g_logger.load(std::memory_order_acquire);
+  (fn != nullptr ? fn : defaultSink)(level, buf);
+}
+
+#if GMD_HAVE_CUDA
+
+static_assert(CUDA_SUCCESS == 0, "CuResult mirrors CUresult");
+static_assert(sizeof(CUdeviceptr) == sizeof(CuDevicePtr), "CuDevicePtr mirrors CUdeviceptr");
+static_assert(sizeof(CUmemGenericAllocationHandle) == sizeof(CuMemHandle), "CuMemHandle mirror");
+
+namespace {
+
+// The ABI version of each entry point we ask cuGetProcAddress for: CUDA 12.0's, the oldest
+// signature every entry point below has kept since.
+constexpr int kAbiVersion = 12000;
+
+using GetProcV2 = CuResult (*)(const char*, void**, int, std::uint64_t, int*);
+using GetProcV1 = CuResult (*)(const char*, void**, int, std::uint64_t);
+
+struct Resolver {
+  void* handle;
+  GetProcV2 v2;
+  GetProcV1 v1;
+  int version;
+
+  void* get(const char* name, const char* exported) const noexcept {
+    void* fn = nullptr;
+    const int want = std::min(version, kAbiVersion);
+    if (v2 != nullptr) {
+      int status = 0;
+      if (v2(name, &fn, want, CU_GET_PROC_ADDRESS_DEFAULT, &status) == 0 &&
+          status == CU_GET_PROC_ADDRESS_SUCCESS && fn != nullptr) {
+        return fn;
+      }
+    } else if (v1 != nullptr) {
+      if (v1(name, &fn, want, CU_GET_PROC_ADDRESS_DEFAULT) == 0 && fn != nullptr) return fn;
+    }
+    return dlsym(handle, exported);  // drivers older than 11.3
+  }
+};
+
+DriverApi* load() noexcept {
+  const char* path = std::getenv("GMD_CUDA_DRIVER_PATH");
+  if (path == nullptr || path[0] == '\0') path = "libcuda.so.1";
+  void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (h == nullptr) {
+    log(LogLevel::kDebug, "no CUDA driver (%s): every buffer is host memory", path);
+    return nullptr;
+  }
+  // From here on the library stays loaded (RTLD_NODELETE): hooks may point into it.
+  auto init = reinterpret_cast<CuResult (*)(unsigned)>(dlsym(h, "cuInit"));
+  auto get_version = reinterpret_cast<CuResult (*)(int*)>(dlsym(h, "cuDriverGetVersion"));
+  auto get_count = reinterpret_cast<CuResult (*)(int*)>(dlsym(h, "cuDeviceGetCount"));
+  int version = 0;
+  int count = 0;
+  if (init == nullptr || get_version == nullptr || get_count == nullptr) {
+    log(LogLevel::kDebug, "%s is not a usable CUDA driver", path);
+    return nullptr;
+  }
+  CuResult r = init(0);
+  if (r != 0) {
+    log(LogLevel::kDebug, "cuInit failed (%d): no CUDA device; every buffer is host memory", r);
+    return nullptr;
+  }
+  if (get_version(&version) != 0 || get_count(&count) != 0 || count <= 0) {
+    log(LogLevel::kDebug, "no CUDA device: every buffer is host memory");
+    return nullptr;
+  }
+  static DriverApi api;
+  Resolver res{h, reinterpret_cast<GetProcV2>(dlsym(h, "cuGetProcAddress_v2")),
+               reinterpret_cast<GetProcV1>(dlsym(h, "cuGetProcAddress")), version};
+  api.handle = h;
+  api.version = version;
+  api.device_count = count;
+  api.is_fake = dlsym(h, "gmd_fake_cuda_driver") != nullptr;
+  api.deviceGetAttribute = reinterpret_cast<decltype(api.deviceGetAttribute)>(
+      res.get("cuDeviceGetAttribute", "cuDeviceGetAttribute"));
+  api.pointerGetAttribute = reinterpret_cast<decltype(api.pointerGetAttribute)>(
+      res.get("cuPointerGetAttribute", "cuPointerGetAttribute"));
+  api.pointerGetAttributes = reinterpret_cast<decltype(api.pointerGetAttributes)>(
+      res.get("cuPointerGetAttributes", "cuPointerGetAttributes"));
+  api.memGetAddressRange = reinterpret_cast<decltype(api.memGetAddressRange)>(
+      res.get("cuMemGetAddressRange", "cuMemGetAddressRange_v2"));
+  api.memGetHandleForAddressRange = reinterpret_cast<decltype(api.memGetHandleForAddressRange)>(
+      res.get("cuMemGetHandleForAddressRange", "cuMemGetHandleForAddressRange"));
+  api.memFree = reinterpret_cast<decltype(api.memFree)>(res.get("cuMemFree", "cuMemFree_v2"));
+  if (api.pointerGetAttribute == nullptr || api.pointerGetAttributes == nullptr ||
+      api.memGetAddressRange == nullptr || api.deviceGetAttribute == nullptr) {
+    log(LogLevel::kWarn, "CUDA driver %s (version %d) lacks pointer queries; CUDA support off", path,
+        version);
+    return nullptr;
+  }
+  log(LogLevel::kDebug, "CUDA driver %s version %d, %d device(s)%s", path, version, count,
+      api.is_fake ? " (test driver)" : "");
+  return &api;
+}
+
+}  // namespace
+
+const DriverApi* driver() noexcept {
+  static const DriverApi* api = load();
+  return api;
+}
+
+#else  // !GMD_HAVE_CUDA
+
+const DriverApi* driver() noexcept { return nullptr; }
+
+#endif  // GMD_HAVE_CUDA
+
+}  // namespace detail
+}  // namespace gmd::memtype

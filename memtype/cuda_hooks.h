@@ -1,0 +1,40 @@
+// Internal to memtype/: hooks on the CUDA free entry points (mechanism in memtype/README.md).
+//
+// Thread safety: installHooks() and refreshHooks() serialise on one internal mutex and may be called
+// from any thread; the hooks themselves run on the freeing thread and take no lock that a subscriber
+// or the Classifier's lookup path could hold.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "memtype/cuda_driver.h"
+
+namespace gmd::memtype::detail {
+
+struct HookCounters {
+  std::uint64_t slots = 0;    // symbol-table and GOT slots redirected to a hook
+  std::uint64_t foreign = 0;  // slots found redirected by another interposer (chained, not replaced)
+};
+
+// Redirects the driver's exported free entry points and every loaded object's bindings to them.
+// Returns false when nothing could be hooked (the caller then recommends FreeMode::kValidate).
+bool installHooks(const DriverApi& api) noexcept;
+bool hooksInstalled() noexcept;
+// Picks up objects loaded since the last scan; a no-op when the set of loaded objects is unchanged.
+void refreshHooks(bool force) noexcept;
+HookCounters hookCounters() noexcept;
+
+// Implemented by memtype.cc and called by the hooks before the free reaches the driver. Hook-safe.
+// onDeviceFree: an allocation starting at ptr, extent looked up; returns the range reported (length 0
+// when ptr is no live allocation). afterFree: called once the driver has freed the range, drops
+// whatever a lookup racing with the free may have cached in between (no notification).
+struct Range {
+  std::uintptr_t start = 0;
+  std::size_t length = 0;
+};
+Range onDeviceFree(CuDevicePtr ptr) noexcept;
+void onRangeFree(std::uintptr_t start, std::size_t length) noexcept;
+void afterFree(Range range) noexcept;
+
+}  // namespace gmd::memtype::detail
