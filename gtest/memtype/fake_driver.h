@@ -117,6 +117,10 @@ class LogCapture {
   ~LogCapture() { setLogger(nullptr); }
   static int loud() { return loud_; }  // kError, kWarn, kInfo
   static int all() { return count_; }
+  static void reset() {
+    count_ = 0;
+    loud_ = 0;
+  }
 
  private:
   static void sink(LogLevel level, const char*) {

@@ -1,0 +1,136 @@
+// GPUDirect RDMA registration backend: registers host and CUDA memory with a verbs protection domain.
+//
+// For device memory, per device, in this order (the first that the device and the system support is
+// chosen once and remembered; a dma-buf registration that fails for a reason other than resources
+// demotes the device to peer memory for good, if the policy allows):
+//   1. dma-buf: cuMemGetHandleForAddressRange on the page-aligned range (with the PCIe mapping flag,
+//      then without) gives an fd; ibv_reg_dmabuf_mr(offset, length, iova = device address, fd); the
+//      fd is closed right after, the MR keeps its own reference.
+//   2. peer memory: ibv_reg_mr on the device pointer, when a peer-memory kernel module is loaded
+//      (/sys/module/nvidia_peermem, /sys/kernel/mm/memory_peers/nv_mem, /sys/module/nv_peer_mem).
+//   3. neither: kUnsupported, and cudaSupported() is false, so the MD leaves CUDA out of
+//      reg_mem_types.
+// Host memory is registered with ibv_reg_mr. Managed memory follows ManagedPolicy (default refuse).
+//
+// Thread safety: reg()/dereg() may run concurrently on any thread (per-device probe results are
+// atomics; the worst race is two threads probing the same device once each). The backend never calls
+// into a registration cache.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "memtype/memtype.h"
+#include "rcache/rcache.h"
+
+namespace gmd::memtype {
+
+// Whether device memory is registered through dma-buf.
+enum class DmabufPolicy : std::uint8_t {
+  kTry,  // dma-buf when the device and libibverbs support it, else peer memory (default)
+  kOn,   // dma-buf only: never fall back to peer memory
+  kOff,  // never dma-buf: peer memory only
+};
+const char* dmabufPolicyName(DmabufPolicy p) noexcept;
+bool parseDmabufPolicy(const char* text, DmabufPolicy* out) noexcept;  // "try", "on", "off"
+
+// What to do with CUDA managed memory (it migrates between host and device on access).
+enum class ManagedPolicy : std::uint8_t {
+  kRefuse,     // kUnsupported: the MD leaves cuda-managed out of reg_mem_types (default, safe)
+  kHostPages,  // ibv_reg_mr on the virtual range (pins and migrates pages to the host; see docs)
+};
+
+enum class GpuDirectMethod : std::uint8_t { kUnknown, kDmabuf, kPeerMem, kUnsupported };
+const char* gpuDirectMethodName(GpuDirectMethod m) noexcept;
+
+struct GpuDirectConfig {
+  DmabufPolicy dmabuf = DmabufPolicy::kTry;
+  ManagedPolicy managed = ManagedPolicy::kRefuse;
+};
+
+// The backend's effects on the world, injectable for tests. Failing calls set errno (verbs) or
+// return a nonzero CUresult (driver).
+class GpuDirectOps {
+ public:
+  virtual ~GpuDirectOps() = default;
+  virtual ibv_mr* regMr(ibv_pd* pd, void* addr, std::size_t length, int access) noexcept = 0;
+  virtual ibv_mr* regDmabufMr(ibv_pd* pd, std::uint64_t offset, std::size_t length,
+                              std::uint64_t iova, int fd, int access) noexcept = 0;
+  virtual int deregMr(ibv_mr* mr) noexcept = 0;  // 0 or an errno value
+  virtual bool pathExists(const char* path) noexcept = 0;
+  virtual bool verbsHasDmabuf() noexcept = 0;            // libibverbs has ibv_reg_dmabuf_mr
+  virtual bool deviceHasDmabuf(int device) noexcept = 0;  // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+  // cuMemGetHandleForAddressRange(DMA_BUF_FD) on a page-aligned range; 0 and *fd, or a CUresult.
+  virtual int exportDmabuf(std::uintptr_t start, std::size_t length, bool pcie, int* fd) noexcept = 0;
+  virtual void closeFd(int fd) noexcept = 0;
+};
+
+// The real thing: libibverbs, sysfs, and the CUDA driver memtype/ loaded.
+class SystemGpuDirectOps : public GpuDirectOps {
+ public:
+  ibv_mr* regMr(ibv_pd* pd, void* addr, std::size_t length, int access) noexcept override;
+  ibv_mr* regDmabufMr(ibv_pd* pd, std::uint64_t offset, std::size_t length, std::uint64_t iova,
+                      int fd, int access) noexcept override;
+  int deregMr(ibv_mr* mr) noexcept override;
+  bool pathExists(const char* path) noexcept override;
+  bool verbsHasDmabuf() noexcept override;
+  bool deviceHasDmabuf(int device) noexcept override;
+  int exportDmabuf(std::uintptr_t start, std::size_t length, bool pcie, int* fd) noexcept override;
+  void closeFd(int fd) noexcept override;
+};
+
+struct GpuDirectStats {
+  std::uint64_t host_regs = 0;
+  std::uint64_t dmabuf_regs = 0;
+  std::uint64_t peermem_regs = 0;
+  std::uint64_t unsupported = 0;        // device/managed requests refused
+  std::uint64_t dmabuf_demotions = 0;   // devices moved from dma-buf to peer memory
+};
+
+class GpuDirectBackend final : public rcache::Backend {
+ public:
+  static constexpr int kMaxDevices = 64;
+
+  // `pd` is borrowed and must outlive the backend. `ops` (borrowed) defaults to SystemGpuDirectOps.
+  explicit GpuDirectBackend(ibv_pd* pd, const GpuDirectConfig& config = {},
+                            GpuDirectOps* ops = nullptr) noexcept;
+
+  rcache::Status reg(std::uintptr_t start, std::size_t length, unsigned access, MemType type,
+                     rcache::Registration* out) noexcept override;
+  void dereg(const rcache::Registration& reg) noexcept override;
+  const char* name() const noexcept override { return "gpudirect"; }
+
+  // Whether the MD may advertise CUDA in reg_mem_types: a driver with devices, and every device has
+  // a method other than kUnsupported. Probes each device once.
+  bool cudaSupported() noexcept;
+  // Whether cuda-managed may be advertised (ManagedPolicy::kHostPages and CUDA present).
+  bool managedSupported() noexcept;
+  // The method chosen for `device` (probing it on first use).
+  GpuDirectMethod method(int device) noexcept;
+  const GpuDirectConfig& config() const noexcept { return config_; }
+  GpuDirectStats stats() const noexcept;
+
+ private:
+  GpuDirectMethod probe(int device) noexcept;
+  bool peerMemLoaded() noexcept;
+  rcache::Status regDevice(std::uintptr_t start, std::size_t length, int access, int device,
+                           rcache::Registration* out) noexcept;
+  rcache::Status regDmabuf(std::uintptr_t start, std::size_t length, int access, int device,
+                           ibv_mr** mr) noexcept;
+  rcache::Status regPlain(std::uintptr_t start, std::size_t length, int access, ibv_mr** mr) noexcept;
+
+  ibv_pd* pd_;
+  GpuDirectConfig config_;
+  SystemGpuDirectOps system_ops_;
+  GpuDirectOps* ops_;
+  std::atomic<GpuDirectMethod> methods_[kMaxDevices];
+  std::atomic<int> pcie_flag_[kMaxDevices];  // -1 unknown, 1 accepted, 0 rejected
+  std::atomic<int> peermem_{-1};             // -1 unknown, else 0/1
+  std::atomic<std::uint64_t> host_regs_{0}, dmabuf_regs_{0}, peermem_regs_{0}, unsupported_{0},
+      demotions_{0};
+};
+
+}  // namespace gmd::memtype
