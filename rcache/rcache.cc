@@ -191,7 +191,7 @@ constexpr std::uint64_t kInvalid = 1ull << 32;  // out of the index; never hande
 
 enum class DoomReason : std::uint8_t { kInvalidated, kMerged, kEvicted, kStale };
 
-class RegionImpl final : public Region, public Retired {
+class alignas(kCacheLine) RegionImpl final : public Region, public Retired {
  public:
   RegionImpl(std::uintptr_t start, std::uintptr_t end, unsigned access, MemType type,
              Backend* backend, const Registration& reg) noexcept {
@@ -220,7 +220,7 @@ class RegionImpl final : public Region, public Retired {
   }
 
   std::atomic<std::uint64_t> state_{1};    // created held by its requester
-  std::atomic<std::uint64_t> last_used_{0};  // lruTick() of the last release
+  std::atomic<std::uint64_t> last_used_{0};  // release tick (see CacheImpl::releaseTick)
   std::uint32_t fork_gen_ = 0;             // the cache's fork generation when registered
   RegionImpl* next_dead_ = nullptr;        // guarded by lock_
   bool in_index_ = false;                  // guarded by lock_: in the published snapshot
@@ -231,6 +231,7 @@ struct alignas(kCacheLine) ReaderSlot {
   std::atomic<std::uint64_t> epoch{0};         // 0: not reading; else the global epoch at entry
   std::atomic<std::uint64_t> hits{0};          // written by the owning thread only
   std::atomic<std::int64_t> unused_delta{0};   // owner only; flushed to unused_shared_ past a bound
+  std::atomic<std::uint64_t> lru_seq{0};       // owner only: this thread's last release tick
 };
 
 constexpr std::size_t kSlotsPerChunk = 64;
@@ -300,6 +301,17 @@ class CacheImpl final : public Cache {
     return ti >= 0 ? readerSlot(ti) : nullptr;
   }
   void addUnused(ReaderSlot* slot, std::int64_t delta) noexcept;
+  // LRU order without a shared write on the hit path: a Lamport clock. Each thread ticks its own
+  // counter, never behind lru_clock_; writers move lru_clock_ past every thread's counter at each
+  // miss. Exact within a thread, and across threads between two misses.
+  std::uint64_t releaseTick(ReaderSlot* slot) noexcept {
+    const std::uint64_t g = lru_clock_.load(std::memory_order_relaxed);
+    if (slot == nullptr) return g;
+    const std::uint64_t t = std::max(slot->lru_seq.load(std::memory_order_relaxed) + 1, g);
+    slot->lru_seq.store(t, std::memory_order_relaxed);
+    return t;
+  }
+  void advanceLruClock_locked() noexcept;
   std::int64_t unusedExact() const noexcept;
 
   // All *_locked members require lock_.
@@ -333,6 +345,7 @@ class CacheImpl final : public Cache {
   alignas(kCacheLine) std::atomic<std::uint64_t> attention_{0};
   std::atomic<Snapshot*> index_{nullptr};
   std::atomic<std::uint64_t> epoch_{1};
+  std::atomic<std::uint64_t> lru_clock_{1};
   std::atomic<std::size_t> chunk_limit_{0};  // chunks_[0, chunk_limit_) may be non-null
   std::atomic<SlotChunk*> chunks_[kMaxChunks] = {};
   static constexpr std::uint64_t kWorkBit = 1ull << 32;
@@ -484,6 +497,17 @@ void CacheImpl::addUnused(ReaderSlot* slot, std::int64_t delta) noexcept {
   slot->unused_delta.store(v, std::memory_order_relaxed);
 }
 
+void CacheImpl::advanceLruClock_locked() noexcept {
+  std::uint64_t m = lru_clock_.load(std::memory_order_relaxed);
+  const std::size_t lim = chunk_limit_.load(std::memory_order_acquire);
+  for (std::size_t ci = 0; ci < lim; ++ci) {
+    const SlotChunk* c = chunks_[ci].load(std::memory_order_acquire);
+    if (c == nullptr) continue;
+    for (const ReaderSlot& s : c->slot) m = std::max(m, s.lru_seq.load(std::memory_order_relaxed));
+  }
+  lru_clock_.store(m + 1, std::memory_order_relaxed);
+}
+
 std::int64_t CacheImpl::unusedExact() const noexcept {
   std::int64_t sum = unused_shared_.load(std::memory_order_relaxed);
   const std::size_t lim = chunk_limit_.load(std::memory_order_acquire);
@@ -533,12 +557,13 @@ void CacheImpl::put(Region* region) noexcept {
   }
   auto* r = static_cast<RegionImpl*>(region);
   const auto len = static_cast<std::int64_t>(r->length());
-  r->last_used_.store(detail::lruTick(), std::memory_order_relaxed);
+  ReaderSlot* slot = mySlot();
+  r->last_used_.store(releaseTick(slot), std::memory_order_relaxed);
   const std::uint64_t prev = r->state_.fetch_sub(1, std::memory_order_acq_rel);
   if (__builtin_expect((prev & kHolderMask) == 1, 1)) {
     // The last holder. A valid region stays cached (unused); an invalid one is ours to deregister.
     if ((prev & kInvalid) == 0) {
-      addUnused(mySlot(), len);
+      addUnused(slot, len);
     } else {
       releaseInvalid(r);
     }
@@ -589,6 +614,7 @@ Status CacheImpl::getSlow(const Request& rq, unsigned access, MemType type, Back
         want_access |= r->access();
       }
       if (want.end - want.start > config_.max_pinned_bytes) want = {rq.start, rq.end};
+      advanceLruClock_locked();
       if (!makeRoom_locked(want.end - want.start)) {
         st = Status::kNoResource;
       } else {

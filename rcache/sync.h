@@ -5,7 +5,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 
@@ -126,20 +125,8 @@ class RangeRing {
   alignas(kCacheLine) std::uint64_t head_ = 0;  // consumer only
 };
 
-// Monotonic tick used to order unused regions for LRU eviction. It only has to be cheap and roughly
-// ordered across threads: the invariant TSC on x86, the steady clock elsewhere.
-inline std::uint64_t lruTick() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  return __rdtsc();
-#else
-  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-#endif
-}
-
-// Small dense index of the calling thread (0, 1, 2...), reused after a thread exits. Each Cache keeps
-// one reader slot per index. The first call in a thread allocates (never call it from a hook).
-// Returns -1 when the process has more live threads than kMaxThreads.
+// Most live threads a cache serves on its lock-free path (each has a dense index and a reader slot);
+// further threads take the slow path.
 inline constexpr int kMaxThreads = 1 << 16;
-int threadIndex() noexcept;
 
 }  // namespace gmd::rcache::detail

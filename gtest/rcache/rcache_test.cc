@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/rcache/fake_backend.h"
+#include "gtest/rcache/stress.h"
 #include "rcache/rcache.h"
 
 namespace gmd::rcache::test {
@@ -614,6 +615,26 @@ TEST_F(RcacheTest, DestroyDeregistersEverythingOnce) {
   cache_.reset();
   EXPECT_EQ(be_.live(), 0);
   be_.expectAllDeregisteredOnce();
+}
+
+}  // namespace
+}  // namespace gmd::rcache::test
+
+// ---- Randomised stress (explicit invalidation before each unmap) ----------------------------------
+
+namespace gmd::rcache::test {
+namespace {
+
+TEST(RcacheStress, RandomizedThreadsWithRealMemoryExplicitFeed) {
+  FakeBackend be;
+  std::unique_ptr<Cache> cache;
+  ASSERT_EQ(Cache::create(Config{}, &cache), Status::kOk);
+  {
+    StressPool pool;
+    runStress(cache.get(), &be, &pool, StressOptions{});
+  }
+  cache.reset();
+  be.expectAllDeregisteredOnce();
 }
 
 }  // namespace

@@ -1,0 +1,271 @@
+// Registration cache benchmarks: gmd's cache against UCX's ucs_rcache, side by side, both with the
+// same no-op registration backend, so the ratios measure the caches alone.
+//
+//   RcacheHit_*            get + release of a cached 64 KiB range, one thread
+//   RcacheHitThreads_*     the same with 1, 2 and 4 threads, each thread on its own 64 KiB buffer
+//   RcacheMiss_*           a range never seen before (or long evicted) each time: get + release, with
+//                          both caches capped at 1024 regions so that they stay the same size
+//   RcacheInvalidate_*     invalidate a range covering 64 cached regions, then one hit on another
+//                          range (which is where ucs_rcache applies queued invalidations)
+//
+// ucs_rcache receives its invalidation through libucm's event dispatch (ucm_vm_munmap, with the
+// unmap event declared external so that no hook is installed); gmd through Cache::invalidate().
+#include <benchmark/benchmark.h>
+#include <dlfcn.h>
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+
+#include "rcache/rcache.h"
+
+// ucs/memory/rcache.h (UCX 1.13) has no C++ guards of its own.
+extern "C" {
+#include <ucs/memory/rcache.h>
+}
+
+namespace {
+
+using gmd::MemType;
+namespace rc = gmd::rcache;
+
+constexpr std::size_t kHitLength = 64 * 1024;
+constexpr std::size_t kMissLength = 4096;
+constexpr std::size_t kMissStride = 8192;
+constexpr std::size_t kMissRanges = 16384;       // cycled; far more than the 1024-region cap
+constexpr std::size_t kMaxRegionsForMiss = 1024;
+constexpr int kInvRegions = 64;
+constexpr int kUcmEventVmUnmapped = 1 << 17;     // UCM_EVENT_VM_UNMAPPED
+
+// One arena of real memory for every benchmark (ucs_rcache may inspect the mappings).
+char* arena() {
+  static char* a = [] {
+    const std::size_t len = std::size_t{1} << 30;
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) {
+      std::perror("mmap arena");
+      std::abort();
+    }
+    return static_cast<char*>(p);
+  }();
+  return a;
+}
+char* hitBuffer(int thread) { return arena() + static_cast<std::size_t>(thread) * (1 << 20); }
+char* missBase() { return arena() + (std::size_t{64} << 20); }
+char* invBase() { return arena() + (std::size_t{512} << 20); }
+
+// ---- gmd ------------------------------------------------------------------------------------------
+
+class NopBackend final : public rc::Backend {
+ public:
+  rc::Status reg(std::uintptr_t, std::size_t, unsigned, MemType,
+                 rc::Registration* out) noexcept override {
+    out->lkey = out->rkey = 1;
+    return rc::Status::kOk;
+  }
+  void dereg(const rc::Registration&) noexcept override {}
+  const char* name() const noexcept override { return "nop"; }
+};
+
+NopBackend g_nop;
+
+std::unique_ptr<rc::Cache> makeGmd(std::size_t max_regions = SIZE_MAX) {
+  rc::Config cfg;
+  cfg.max_regions = max_regions;
+  std::unique_ptr<rc::Cache> c;
+  if (rc::Cache::create(cfg, &c) != rc::Status::kOk) std::abort();
+  return c;
+}
+
+inline rc::Region* gmdGet(rc::Cache* c, void* p, std::size_t len) {
+  rc::Region* r = nullptr;
+  if (c->get(p, len, rc::kAccessLocalRead | rc::kAccessRemoteWrite, MemType::kHost, &g_nop, &r) !=
+      rc::Status::kOk) {
+    std::abort();
+  }
+  return r;
+}
+
+// ---- ucs_rcache -----------------------------------------------------------------------------------
+
+ucs_status_t ucsNopReg(void*, ucs_rcache_t*, void*, ucs_rcache_region_t*, uint16_t) {
+  return UCS_OK;
+}
+void ucsNopDereg(void*, ucs_rcache_t*, ucs_rcache_region_t*) {}
+void ucsNopDump(void*, ucs_rcache_t*, ucs_rcache_region_t*, char* buf, size_t max) {
+  if (max > 0) buf[0] = '\0';
+}
+const ucs_rcache_ops_t kUcsOps = {ucsNopReg, ucsNopDereg, ucsNopDump};
+
+struct UcmApi {
+  void (*set_external_event)(int) = nullptr;
+  void (*vm_munmap)(void*, size_t) = nullptr;
+};
+// libucm comes with libucs; reach it without linking it (the bench links ucx::ucs only).
+const UcmApi& ucm() {
+  static UcmApi api = [] {
+    UcmApi a;
+    a.set_external_event =
+        reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "ucm_set_external_event"));
+    a.vm_munmap = reinterpret_cast<void (*)(void*, size_t)>(dlsym(RTLD_DEFAULT, "ucm_vm_munmap"));
+    if (a.set_external_event == nullptr || a.vm_munmap == nullptr) {
+      std::fprintf(stderr, "libucm symbols not found\n");
+      std::abort();
+    }
+    a.set_external_event(kUcmEventVmUnmapped);
+    return a;
+  }();
+  return api;
+}
+
+ucs_rcache_t* makeUcs(unsigned long max_regions = ULONG_MAX) {
+  ucm();
+  ucs_rcache_params_t p = {};
+  p.region_struct_size = sizeof(ucs_rcache_region_t);
+  p.alignment = UCS_RCACHE_MIN_ALIGNMENT;
+  p.max_alignment = 4096;
+  p.ucm_events = kUcmEventVmUnmapped;
+  p.ucm_event_priority = 1000;
+  p.ops = &kUcsOps;
+  p.context = nullptr;
+  p.flags = UCS_RCACHE_FLAG_NO_PFN_CHECK;
+  p.max_regions = max_regions;
+  p.max_size = SIZE_MAX;
+  p.max_unreleased = SIZE_MAX;
+  ucs_rcache_t* rcache = nullptr;
+  if (ucs_rcache_create(&p, "bench", nullptr, &rcache) != UCS_OK) std::abort();
+  return rcache;
+}
+
+inline ucs_rcache_region_t* ucsGet(ucs_rcache_t* c, void* p, std::size_t len) {
+  ucs_rcache_region_t* r = nullptr;
+  if (ucs_rcache_get(c, p, len, PROT_READ | PROT_WRITE, nullptr, &r) != UCS_OK) std::abort();
+  return r;
+}
+
+// ---- Hit ------------------------------------------------------------------------------------------
+
+void RcacheHit_gmd(benchmark::State& state) {
+  auto c = makeGmd();
+  c->put(gmdGet(c.get(), hitBuffer(0), kHitLength));
+  for (auto _ : state) {
+    rc::Region* r = gmdGet(c.get(), hitBuffer(0), kHitLength);
+    benchmark::DoNotOptimize(r);
+    c->put(r);
+  }
+  state.counters["hits"] = static_cast<double>(c->stats().hits);
+}
+BENCHMARK(RcacheHit_gmd);
+
+void RcacheHit_ucs(benchmark::State& state) {
+  ucs_rcache_t* c = makeUcs();
+  ucs_rcache_region_put(c, ucsGet(c, hitBuffer(0), kHitLength));
+  for (auto _ : state) {
+    ucs_rcache_region_t* r = ucsGet(c, hitBuffer(0), kHitLength);
+    benchmark::DoNotOptimize(r);
+    ucs_rcache_region_put(c, r);
+  }
+  ucs_rcache_destroy(c);
+}
+BENCHMARK(RcacheHit_ucs);
+
+// ---- Hit, several threads on one cache, each on its own buffer ----------------------------------
+
+rc::Cache* sharedGmd() {
+  static rc::Cache* c = makeGmd().release();  // lives for the process
+  return c;
+}
+ucs_rcache_t* sharedUcs() {
+  static ucs_rcache_t* c = makeUcs();
+  return c;
+}
+
+void RcacheHitThreads_gmd(benchmark::State& state) {
+  rc::Cache* c = sharedGmd();
+  char* buf = hitBuffer(state.thread_index() + 1);
+  c->put(gmdGet(c, buf, kHitLength));
+  for (auto _ : state) {
+    rc::Region* r = gmdGet(c, buf, kHitLength);
+    benchmark::DoNotOptimize(r);
+    c->put(r);
+  }
+}
+BENCHMARK(RcacheHitThreads_gmd)->Threads(1)->Threads(2)->Threads(4);
+
+void RcacheHitThreads_ucs(benchmark::State& state) {
+  ucs_rcache_t* c = sharedUcs();
+  char* buf = hitBuffer(state.thread_index() + 1);
+  ucs_rcache_region_put(c, ucsGet(c, buf, kHitLength));
+  for (auto _ : state) {
+    ucs_rcache_region_t* r = ucsGet(c, buf, kHitLength);
+    benchmark::DoNotOptimize(r);
+    ucs_rcache_region_put(c, r);
+  }
+}
+BENCHMARK(RcacheHitThreads_ucs)->Threads(1)->Threads(2)->Threads(4);
+
+// ---- Miss -----------------------------------------------------------------------------------------
+
+void RcacheMiss_gmd(benchmark::State& state) {
+  auto c = makeGmd(kMaxRegionsForMiss);
+  std::size_t i = 0;
+  for (auto _ : state) {
+    rc::Region* r = gmdGet(c.get(), missBase() + (i++ % kMissRanges) * kMissStride, kMissLength);
+    c->put(r);
+  }
+  const rc::Stats s = c->stats();
+  state.counters["miss_ratio"] = static_cast<double>(s.misses) / static_cast<double>(s.misses + s.hits);
+}
+BENCHMARK(RcacheMiss_gmd);
+
+void RcacheMiss_ucs(benchmark::State& state) {
+  ucs_rcache_t* c = makeUcs(kMaxRegionsForMiss);
+  std::size_t i = 0;
+  for (auto _ : state) {
+    ucs_rcache_region_t* r = ucsGet(c, missBase() + (i++ % kMissRanges) * kMissStride, kMissLength);
+    ucs_rcache_region_put(c, r);
+  }
+  ucs_rcache_destroy(c);
+}
+BENCHMARK(RcacheMiss_ucs);
+
+// ---- Invalidate -----------------------------------------------------------------------------------
+
+// 64 one-page regions, one page apart: the invalidated range covers 128 pages.
+char* invRegion(int k) { return invBase() + static_cast<std::size_t>(k) * 2 * 4096; }
+constexpr std::size_t kInvSpan = static_cast<std::size_t>(kInvRegions) * 2 * 4096;
+
+void RcacheInvalidate_gmd(benchmark::State& state) {
+  auto c = makeGmd();
+  char* other = hitBuffer(0);
+  c->put(gmdGet(c.get(), other, kHitLength));
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (int k = 0; k < kInvRegions; ++k) c->put(gmdGet(c.get(), invRegion(k), 4096));
+    state.ResumeTiming();
+    c->invalidate(invBase(), kInvSpan);
+    c->put(gmdGet(c.get(), other, kHitLength));
+  }
+  state.counters["inval_unused"] = static_cast<double>(c->stats().invalidations_unused);
+}
+BENCHMARK(RcacheInvalidate_gmd);
+
+void RcacheInvalidate_ucs(benchmark::State& state) {
+  ucs_rcache_t* c = makeUcs();
+  char* other = hitBuffer(0);
+  ucs_rcache_region_put(c, ucsGet(c, other, kHitLength));
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (int k = 0; k < kInvRegions; ++k) ucs_rcache_region_put(c, ucsGet(c, invRegion(k), 4096));
+    state.ResumeTiming();
+    ucm().vm_munmap(invBase(), kInvSpan);
+    ucs_rcache_region_put(c, ucsGet(c, other, kHitLength));
+  }
+  ucs_rcache_destroy(c);
+}
+BENCHMARK(RcacheInvalidate_ucs);
+
+}  // namespace
