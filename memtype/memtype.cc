@@ -53,13 +53,18 @@ std::shared_mutex g_cache_lock;
 std::map<std::uintptr_t, Info>* g_ranges = nullptr;  // never destroyed: hooks may run at exit
 std::atomic<std::uint64_t> g_generation{1};
 
+// Plain fields (no constructor) so that the thread-local needs no initialisation guard.
 struct Memo {
-  std::uint64_t generation = 0;
-  std::uintptr_t start = 0;
-  std::uintptr_t end = 0;
-  Info info;
+  std::uint64_t generation;
+  std::uintptr_t start;
+  std::uintptr_t end;
+  std::uint64_t buffer_id;
+  int device;
+  MemType type;
+  std::uint32_t unflushed_hits;  // memo hits not yet added to g_counters.cache_hits
 };
 thread_local Memo t_memo;
+constexpr std::uint32_t kHitFlush = 64;  // Stats::cache_hits lags by less than this per thread
 
 // Subscribers: fixed slots, published with the callback last.
 constexpr int kMaxSubscribers = 16;
@@ -72,13 +77,15 @@ std::mutex g_subs_mutex;  // serialises subscribe/unsubscribe; never taken by a 
 std::atomic<int> g_notifying{0};
 
 struct Counters {
-  std::atomic<std::uint64_t> lookups{0}, cache_hits{0}, driver_queries{0}, frees_seen{0},
-      stale_hits{0};
+  alignas(64) std::atomic<std::uint64_t> cache_hits{0};  // the hit path's only shared write
+  alignas(64) std::atomic<std::uint64_t> driver_queries{0};
+  std::atomic<std::uint64_t> frees_seen{0};
+  std::atomic<std::uint64_t> stale_hits{0};
 } g_counters;
 
 void bump(std::atomic<std::uint64_t>& c) noexcept { c.fetch_add(1, std::memory_order_relaxed); }
 
-bool validating() noexcept {
+[[maybe_unused]] bool validating() noexcept {
   const FreeMode m = g_mode.load(std::memory_order_relaxed);
   return m == FreeMode::kValidate || m == FreeMode::kHooksAndValidate;
 }
@@ -271,15 +278,23 @@ Info Classifier::classify(const void* address, std::size_t length) noexcept {
 #if GMD_HAVE_CUDA
   const detail::DriverApi& api = *detail::driver();
   const auto addr = reinterpret_cast<std::uintptr_t>(address);
-  bump(g_counters.lookups);
   const bool validate = validating();
   for (int attempt = 0; attempt < 2; ++attempt) {
     const std::uint64_t gen = g_generation.load(std::memory_order_acquire);
     Info info;
     bool hit = false;
     if (!validate && t_memo.generation == gen && addr >= t_memo.start && addr < t_memo.end) {
-      info = t_memo.info;
-      hit = true;
+      // No shared write on this path: hits are counted per thread and flushed in batches.
+      if (++t_memo.unflushed_hits == kHitFlush) {
+        g_counters.cache_hits.fetch_add(kHitFlush, std::memory_order_relaxed);
+        t_memo.unflushed_hits = 0;
+      }
+      info.type = t_memo.type;
+      info.base = t_memo.start;
+      info.size = t_memo.end - t_memo.start;
+      info.device = t_memo.device;
+      info.buffer_id = t_memo.buffer_id;
+      return info;
     } else if (lookupCached(addr, &info)) {
       hit = true;
     }
@@ -291,8 +306,8 @@ Info Classifier::classify(const void* address, std::size_t length) noexcept {
         detail::onRangeFree(info.base, info.size);
         continue;
       }
-      bump(g_counters.cache_hits);
-      t_memo = {gen, info.base, info.base + info.size, info};
+      g_counters.cache_hits.fetch_add(1 + t_memo.unflushed_hits, std::memory_order_relaxed);
+      t_memo = {gen, info.base, info.base + info.size, info.buffer_id, info.device, info.type, 0};
       return info;
     }
     if (hooking(g_mode.load(std::memory_order_relaxed))) detail::refreshHooks(false);
@@ -375,11 +390,11 @@ void Classifier::flushCache() noexcept {
 
 Stats Classifier::stats() const noexcept {
   Stats s;
-  s.lookups = g_counters.lookups.load(std::memory_order_relaxed);
   s.cache_hits = g_counters.cache_hits.load(std::memory_order_relaxed);
   s.driver_queries = g_counters.driver_queries.load(std::memory_order_relaxed);
   s.frees_seen = g_counters.frees_seen.load(std::memory_order_relaxed);
   s.stale_hits = g_counters.stale_hits.load(std::memory_order_relaxed);
+  s.lookups = s.cache_hits + s.driver_queries;
   const detail::HookCounters h = detail::hookCounters();
   s.hook_slots = h.slots;
   s.foreign_slots = h.foreign;

@@ -56,8 +56,8 @@ void setLogger(LogFn fn) noexcept;  // nullptr restores the default sink
 
 // Counters (monotonic), for tests, benchmarks and the user.
 struct Stats {
-  std::uint64_t lookups = 0;          // classify() calls that reached the CUDA path
-  std::uint64_t cache_hits = 0;       // answered from the range cache
+  std::uint64_t lookups = 0;          // classify() calls that reached the CUDA path (hits + queries)
+  std::uint64_t cache_hits = 0;       // answered from the range cache (lags < 64 per thread)
   std::uint64_t driver_queries = 0;   // cuPointerGetAttributes calls
   std::uint64_t frees_seen = 0;       // frees delivered to subscribers (hooks, validation, notifyFree)
   std::uint64_t stale_hits = 0;       // cache hits rejected by the buffer-ID check

@@ -83,7 +83,8 @@ TEST_F(MemtypeTest, KnownRangeIsAnsweredFromTheCache) {
   EXPECT_EQ(drv_.get("pointer_queries"), q0 + 1);
   for (std::size_t off = 0; off < kMiB; off += 4096) EXPECT_EQ(classify(p + off).base, p);
   EXPECT_EQ(drv_.get("pointer_queries"), q0 + 1) << "a cached range must not reach the driver";
-  EXPECT_GE(Classifier::instance().stats().cache_hits, hits0 + kMiB / 4096);
+  // Hits on the per-thread memo are added to the shared counter in batches of 64.
+  EXPECT_GE(Classifier::instance().stats().cache_hits, hits0 + kMiB / 4096 - 64);
   ASSERT_EQ(drv_.memFree(p), 0);
 }
 
