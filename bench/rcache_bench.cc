@@ -3,8 +3,9 @@
 //
 //   RcacheHit_*            get + release of a cached 64 KiB range, one thread
 //   RcacheHitThreads_*     the same with 1, 2 and 4 threads, each thread on its own 64 KiB buffer
-//   RcacheMiss_*           a range never seen before (or long evicted) each time: get + release, with
-//                          both caches capped at 1024 regions so that they stay the same size
+//   RcacheMiss_*           a new region each time, registered and released: get (a miss), invalidate
+//                          the region while held, release (which deregisters it), so that every
+//                          get is a real miss and both caches stay empty
 //   RcacheInvalidate_*     invalidate a range covering 64 cached regions, then one hit on another
 //                          range (which is where ucs_rcache applies queued invalidations)
 //
@@ -34,8 +35,7 @@ namespace rc = gmd::rcache;
 constexpr std::size_t kHitLength = 64 * 1024;
 constexpr std::size_t kMissLength = 4096;
 constexpr std::size_t kMissStride = 8192;
-constexpr std::size_t kMissRanges = 16384;       // cycled; far more than the 1024-region cap
-constexpr std::size_t kMaxRegionsForMiss = 1024;
+constexpr std::size_t kMissRanges = 16384;       // cycled
 constexpr int kInvRegions = 64;
 constexpr int kUcmEventVmUnmapped = 1 << 17;     // UCM_EVENT_VM_UNMAPPED
 
@@ -210,22 +210,29 @@ BENCHMARK(RcacheHitThreads_ucs)->Threads(1)->Threads(2)->Threads(4);
 // ---- Miss -----------------------------------------------------------------------------------------
 
 void RcacheMiss_gmd(benchmark::State& state) {
-  auto c = makeGmd(kMaxRegionsForMiss);
+  auto c = makeGmd();
   std::size_t i = 0;
   for (auto _ : state) {
-    rc::Region* r = gmdGet(c.get(), missBase() + (i++ % kMissRanges) * kMissStride, kMissLength);
+    char* p = missBase() + (i++ % kMissRanges) * kMissStride;
+    rc::Region* r = gmdGet(c.get(), p, kMissLength);
+    c->invalidate(p, kMissLength);
     c->put(r);
   }
   const rc::Stats s = c->stats();
-  state.counters["miss_ratio"] = static_cast<double>(s.misses) / static_cast<double>(s.misses + s.hits);
+  state.counters["misses"] = static_cast<double>(s.misses);
+  state.counters["regions"] = static_cast<double>(s.regions);
 }
 BENCHMARK(RcacheMiss_gmd);
 
+void ucsInvalidated(void*) {}
+
 void RcacheMiss_ucs(benchmark::State& state) {
-  ucs_rcache_t* c = makeUcs(kMaxRegionsForMiss);
+  ucs_rcache_t* c = makeUcs();
   std::size_t i = 0;
   for (auto _ : state) {
-    ucs_rcache_region_t* r = ucsGet(c, missBase() + (i++ % kMissRanges) * kMissStride, kMissLength);
+    char* p = missBase() + (i++ % kMissRanges) * kMissStride;
+    ucs_rcache_region_t* r = ucsGet(c, p, kMissLength);
+    ucs_rcache_region_invalidate(c, r, ucsInvalidated, nullptr);
     ucs_rcache_region_put(c, r);
   }
   ucs_rcache_destroy(c);

@@ -17,7 +17,9 @@
 // queues its range instead of waiting).
 #include "rcache/rcache.h"
 
+#include <linux/membarrier.h>
 #include <pthread.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -87,9 +89,12 @@ ThreadIndexRegistry& threadRegistry() {
 }
 
 __attribute__((tls_model("initial-exec"))) thread_local int tls_thread_index = -1;
+__attribute__((tls_model("initial-exec"))) thread_local bool tls_thread_exiting = false;
 
 struct ThreadIndexReleaser {
   ~ThreadIndexReleaser() {
+    // A cache call from a later thread-local destructor takes the slow path (no slot).
+    tls_thread_exiting = true;
     if (tls_thread_index < 0) return;
     ThreadIndexRegistry& r = threadRegistry();
     std::lock_guard<std::mutex> g(r.mutex);
@@ -103,6 +108,7 @@ struct ThreadIndexReleaser {
 };
 
 int threadIndexSlow() noexcept {
+  if (tls_thread_exiting) return -1;
   static thread_local ThreadIndexReleaser releaser;
   (void)&releaser;
   ThreadIndexRegistry& r = threadRegistry();
@@ -123,6 +129,45 @@ int threadIndexSlow() noexcept {
 inline int threadIndex() noexcept {
   const int i = tls_thread_index;
   return __builtin_expect(i >= 0, 1) ? i : threadIndexSlow();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Asymmetric fence for the reader epochs
+//
+// A reader must publish its epoch before it loads the index (a store-load order, which needs a full
+// fence on x86). With membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) the reader only needs a compiler
+// barrier: the writer runs membarrier() before it scans the reader slots, which makes every running
+// thread of the process execute a full fence, so either the writer sees the reader's epoch or the
+// reader sees the new index. Without membarrier (old kernels) and under ThreadSanitizer (which does
+// not model it) readers use a sequentially consistent store instead.
+
+bool registerMembarrier() noexcept {
+#if defined(__SANITIZE_THREAD__)
+  return false;
+#else
+  const long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0);
+  if (cmds < 0 || (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) return false;
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0) == 0;
+#endif
+}
+
+const bool g_asymmetric_fence = registerMembarrier();
+
+inline void readerEnter(std::atomic<std::uint64_t>& slot_epoch, std::uint64_t e) noexcept {
+  if (__builtin_expect(g_asymmetric_fence, 1)) {
+    slot_epoch.store(e, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  } else {
+    slot_epoch.store(e, std::memory_order_seq_cst);
+  }
+}
+
+void writerFence() noexcept {
+  if (g_asymmetric_fence) {
+    syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0);
+  } else {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -264,6 +309,13 @@ CacheRegistry& cacheRegistry() {
 
 std::atomic<std::uint64_t> g_next_cache_id{1};
 
+// The calling thread's reader slot in the cache it used last (caches have unique ids).
+struct TlsSlot {
+  std::uint64_t cache_id;
+  ReaderSlot* slot;
+};
+__attribute__((tls_model("initial-exec"))) thread_local TlsSlot tls_slot{0, nullptr};
+
 class CacheImpl final : public Cache {
  public:
   explicit CacheImpl(const Config& config) noexcept;
@@ -296,11 +348,34 @@ class CacheImpl final : public Cache {
   Status getSlow(const Request& rq, unsigned access, MemType type, Backend* backend,
                  Region** out) noexcept;
   ReaderSlot* readerSlot(int index) noexcept;
-  ReaderSlot* mySlot() noexcept {
-    const int ti = threadIndex();
-    return ti >= 0 ? readerSlot(ti) : nullptr;
+  // Calls f(ReaderSlot&) for every slot a thread may use.
+  template <typename F>
+  void forEachSlot(F f) const noexcept {
+    const std::size_t lim = slot_limit_.load(std::memory_order_seq_cst);
+    for (std::size_t ci = 0; ci * kSlotsPerChunk < lim; ++ci) {
+      SlotChunk* c = chunks_[ci].load(std::memory_order_seq_cst);
+      if (c == nullptr) continue;
+      const std::size_t n = std::min(kSlotsPerChunk, lim - ci * kSlotsPerChunk);
+      for (std::size_t k = 0; k < n; ++k) f(c->slot[k]);
+    }
   }
-  void addUnused(ReaderSlot* slot, std::int64_t delta) noexcept;
+  // The calling thread's slot in this cache (null past kMaxThreads threads or on no memory).
+  ReaderSlot* mySlot() noexcept {
+    if (__builtin_expect(tls_slot.cache_id == id_, 1)) return tls_slot.slot;
+    return mySlotSlow();
+  }
+  ReaderSlot* mySlotSlow() noexcept;
+  void addUnused(ReaderSlot* slot, std::int64_t delta) noexcept {
+    if (slot != nullptr) {
+      const std::int64_t v = slot->unused_delta.load(std::memory_order_relaxed) + delta;
+      if (__builtin_expect(v <= unused_flush_bound_ && v >= -unused_flush_bound_, 1)) {
+        slot->unused_delta.store(v, std::memory_order_relaxed);
+        return;
+      }
+    }
+    flushUnused(slot, delta);
+  }
+  void flushUnused(ReaderSlot* slot, std::int64_t delta) noexcept;
   // LRU order without a shared write on the hit path: a Lamport clock. Each thread ticks its own
   // counter, never behind lru_clock_; writers move lru_clock_ past every thread's counter at each
   // miss. Exact within a thread, and across threads between two misses.
@@ -331,14 +406,15 @@ class CacheImpl final : public Cache {
   bool rebuild_locked(RegionImpl* add) noexcept;
   void retire_locked(Retired* x) noexcept;
   void retireRegions_locked(RegionImpl* list) noexcept;
-  Retired* collect_locked() noexcept;
+  Retired* collect_locked(bool force = false) noexcept;
 
-  void finishWork() noexcept;
+  void finishWork(bool force_collect = false) noexcept;
   void releaseInvalid(RegionImpl* r) noexcept;
   void deregister(RegionImpl* r) noexcept;
   static void freeList(Retired* list) noexcept;
 
   const Config config_;
+  const std::uint64_t id_ = g_next_cache_id.fetch_add(1, std::memory_order_relaxed);
   const std::int64_t unused_flush_bound_;
 
   // Read on every get(): queued invalidations (low 32 bits) + kWorkBit while deregistrations wait.
@@ -346,7 +422,7 @@ class CacheImpl final : public Cache {
   std::atomic<Snapshot*> index_{nullptr};
   std::atomic<std::uint64_t> epoch_{1};
   std::atomic<std::uint64_t> lru_clock_{1};
-  std::atomic<std::size_t> chunk_limit_{0};  // chunks_[0, chunk_limit_) may be non-null
+  std::atomic<std::size_t> slot_limit_{0};  // slots [0, slot_limit_) may have been handed out
   std::atomic<SlotChunk*> chunks_[kMaxChunks] = {};
   static constexpr std::uint64_t kWorkBit = 1ull << 32;
 
@@ -358,6 +434,8 @@ class CacheImpl final : public Cache {
   RegionImpl* dead_ = nullptr;    // unused invalid regions waiting for deregistration
   RegionImpl* zombies_ = nullptr; // deregistered, still in the snapshot (a rebuild failed)
   Retired* garbage_ = nullptr;    // waiting for readers to leave their epoch
+  std::size_t garbage_count_ = 0;
+  static constexpr std::size_t kCollectBatch = 32;
   bool retired_since_advance_ = false;
   bool dirty_ = false;            // the published snapshot holds invalid entries
   bool work_flag_ = false;        // mirrors kWorkBit in attention_
@@ -424,7 +502,7 @@ CacheImpl::~CacheImpl() {
   for (auto& c : chunks_) delete c.load(std::memory_order_relaxed);
 }
 
-Status CacheImpl::checkRequest(const void* address, std::size_t length, unsigned access,
+__attribute__((noinline, cold)) Status CacheImpl::checkRequest(const void* address, std::size_t length, unsigned access,
                                const Backend* backend, Region* const* region,
                                Request* rq) const noexcept {
   const auto addr = reinterpret_cast<std::uintptr_t>(address);
@@ -467,55 +545,51 @@ ReaderSlot* CacheImpl::readerSlot(int index) noexcept {
     if (fresh == nullptr) return nullptr;
     if (chunks_[ci].compare_exchange_strong(c, fresh, std::memory_order_seq_cst)) {
       c = fresh;
-      std::size_t lim = chunk_limit_.load(std::memory_order_relaxed);
-      while (lim < ci + 1 &&
-             !chunk_limit_.compare_exchange_weak(lim, ci + 1, std::memory_order_seq_cst)) {
-      }
     } else {
       delete fresh;
     }
   }
+  // Published before the thread first uses the slot, so that writers scan it.
+  const auto want = static_cast<std::size_t>(index) + 1;
+  std::size_t lim = slot_limit_.load(std::memory_order_relaxed);
+  while (lim < want && !slot_limit_.compare_exchange_weak(lim, want, std::memory_order_seq_cst)) {
+  }
   return &c->slot[static_cast<std::size_t>(index) % kSlotsPerChunk];
 }
 
-void CacheImpl::addUnused(ReaderSlot* slot, std::int64_t delta) noexcept {
-  if (slot == nullptr) {
-    unused_shared_.fetch_add(delta, std::memory_order_relaxed);
-    return;
-  }
-  std::int64_t v = slot->unused_delta.load(std::memory_order_relaxed) + delta;
-  if (v > unused_flush_bound_ || v < -unused_flush_bound_) {
+__attribute__((noinline)) ReaderSlot* CacheImpl::mySlotSlow() noexcept {
+  const int ti = threadIndex();
+  ReaderSlot* s = ti >= 0 ? readerSlot(ti) : nullptr;
+  if (s != nullptr) tls_slot = TlsSlot{id_, s};
+  return s;
+}
+
+// The slot's delta passed its bound (or there is no slot): move it to the shared counter.
+__attribute__((noinline)) void CacheImpl::flushUnused(ReaderSlot* slot, std::int64_t delta) noexcept {
+  std::int64_t v = delta;
+  if (slot != nullptr) {
+    v += slot->unused_delta.load(std::memory_order_relaxed);
     slot->unused_delta.store(0, std::memory_order_relaxed);
-    const std::int64_t total = unused_shared_.fetch_add(v, std::memory_order_relaxed) + v;
-    if (delta > 0 && total > static_cast<std::int64_t>(config_.max_unused_bytes)) {
-      // Over the unused limit: have the next caller (or this put) evict.
-      WriterGuard g(lock_);
-      setWork_locked(true);
-    }
-    return;
   }
-  slot->unused_delta.store(v, std::memory_order_relaxed);
+  const std::int64_t total = unused_shared_.fetch_add(v, std::memory_order_relaxed) + v;
+  if (delta > 0 && total > static_cast<std::int64_t>(config_.max_unused_bytes)) {
+    // Over the unused limit: have the next caller (or this put) evict.
+    WriterGuard g(lock_);
+    setWork_locked(true);
+  }
 }
 
 void CacheImpl::advanceLruClock_locked() noexcept {
   std::uint64_t m = lru_clock_.load(std::memory_order_relaxed);
-  const std::size_t lim = chunk_limit_.load(std::memory_order_acquire);
-  for (std::size_t ci = 0; ci < lim; ++ci) {
-    const SlotChunk* c = chunks_[ci].load(std::memory_order_acquire);
-    if (c == nullptr) continue;
-    for (const ReaderSlot& s : c->slot) m = std::max(m, s.lru_seq.load(std::memory_order_relaxed));
-  }
+  forEachSlot([&](const ReaderSlot& s) {
+    m = std::max(m, s.lru_seq.load(std::memory_order_relaxed));
+  });
   lru_clock_.store(m + 1, std::memory_order_relaxed);
 }
 
 std::int64_t CacheImpl::unusedExact() const noexcept {
   std::int64_t sum = unused_shared_.load(std::memory_order_relaxed);
-  const std::size_t lim = chunk_limit_.load(std::memory_order_acquire);
-  for (std::size_t ci = 0; ci < lim; ++ci) {
-    const SlotChunk* c = chunks_[ci].load(std::memory_order_acquire);
-    if (c == nullptr) continue;
-    for (const ReaderSlot& s : c->slot) sum += s.unused_delta.load(std::memory_order_relaxed);
-  }
+  forEachSlot([&](const ReaderSlot& s) { sum += s.unused_delta.load(std::memory_order_relaxed); });
   return sum;
 }
 
@@ -525,11 +599,26 @@ std::int64_t CacheImpl::unusedExact() const noexcept {
 Status CacheImpl::get(const void* address, std::size_t length, unsigned access, MemType type,
                       Backend* backend, Region** region) noexcept {
   Request rq;
-  const Status st = checkRequest(address, length, access, backend, region, &rq);
-  if (st != Status::kOk) return st;
+  const auto addr = reinterpret_cast<std::uintptr_t>(address);
+  const std::uintptr_t mask = config_.alignment - 1;
+  std::uintptr_t last;
+  // One test for the common case; checkRequest() tells what is wrong otherwise.
+  if (__builtin_expect(length - 1 >= kMaxRequestLength ||
+                           (access & ~static_cast<unsigned>(kAccessAll)) != 0 ||
+                           backend == nullptr || region == nullptr ||
+                           __builtin_add_overflow(addr, length - 1, &last) ||
+                           last >= UINTPTR_MAX - mask ||
+                           (last | mask) - (addr & ~mask) >= config_.max_pinned_bytes,
+                       0)) {
+    const Status st = checkRequest(address, length, access, backend, region, &rq);
+    if (st != Status::kOk) return st;
+  } else {
+    rq.start = addr & ~mask;
+    rq.end = (last | mask) + 1;
+  }
   ReaderSlot* slot = mySlot();
   if (__builtin_expect(slot != nullptr && attention_.load(std::memory_order_acquire) == 0, 1)) {
-    slot->epoch.store(epoch_.load(std::memory_order_acquire), std::memory_order_seq_cst);
+    readerEnter(slot->epoch, epoch_.load(std::memory_order_acquire));
     const Snapshot* snap = index_.load(std::memory_order_seq_cst);
     const std::size_t i = snap->floor(rq.start);
     bool hit = false;
@@ -625,7 +714,7 @@ Status CacheImpl::getSlow(const Request& rq, unsigned access, MemType type, Back
       }
     }
   }
-  finishWork();
+  if (attention_.load(std::memory_order_acquire) != 0) finishWork();
   if (hit != nullptr) {
     *out = hit;
     return Status::kOk;
@@ -674,6 +763,7 @@ Status CacheImpl::getSlow(const Request& rq, unsigned access, MemType type, Back
   }
   nr->fork_gen_ = fork_gen_.load(std::memory_order_relaxed);
   misses_.fetch_add(1, std::memory_order_relaxed);
+  Retired* freeable = nullptr;
   {
     WriterGuard g(lock_);
     applyQueued_locked();
@@ -700,9 +790,12 @@ Status CacheImpl::getSlow(const Request& rq, unsigned access, MemType type, Back
         nr->state_.store(1 | kInvalid, std::memory_order_relaxed);  // usable, never indexed
         bump(deferred_, std::uint64_t{1});
       }
+      enforceUnused_locked();
     }
+    freeable = collect_locked();
   }
-  finishWork();
+  freeList(freeable);
+  if (attention_.load(std::memory_order_acquire) != 0) finishWork();
   *out = nr;
   return Status::kOk;
 }
@@ -912,6 +1005,7 @@ void CacheImpl::retire_locked(Retired* x) noexcept {
   x->retire_epoch = epoch_.load(std::memory_order_relaxed);
   x->next_retired = garbage_;
   garbage_ = x;
+  ++garbage_count_;
   retired_since_advance_ = true;
 }
 
@@ -925,6 +1019,7 @@ void CacheImpl::retireRegions_locked(RegionImpl* list) noexcept {
     while (tail->next_dead_ != nullptr) tail = tail->next_dead_;
     tail->next_dead_ = zombies_;
     zombies_ = list;
+    setWork_locked(true);
     return;
   }
   for (RegionImpl* r = list; r != nullptr;) {
@@ -935,27 +1030,25 @@ void CacheImpl::retireRegions_locked(RegionImpl* list) noexcept {
 }
 
 // Frees what no reader can see any more: returns the list to free once lock_ is released.
-Retired* CacheImpl::collect_locked() noexcept {
-  if (garbage_ == nullptr) return nullptr;
+// Each pass costs a membarrier(): batched, unless `force`.
+Retired* CacheImpl::collect_locked(bool force) noexcept {
+  if (garbage_ == nullptr || (!force && garbage_count_ < kCollectBatch)) return nullptr;
   if (retired_since_advance_) {
     epoch_.fetch_add(1, std::memory_order_seq_cst);
     retired_since_advance_ = false;
   }
+  writerFence();
   std::uint64_t min_active = UINT64_MAX;
-  const std::size_t lim = chunk_limit_.load(std::memory_order_seq_cst);
-  for (std::size_t ci = 0; ci < lim; ++ci) {
-    const SlotChunk* c = chunks_[ci].load(std::memory_order_seq_cst);
-    if (c == nullptr) continue;
-    for (const ReaderSlot& s : c->slot) {
-      const std::uint64_t e = s.epoch.load(std::memory_order_seq_cst);
-      if (e != 0 && e < min_active) min_active = e;
-    }
-  }
+  forEachSlot([&](const ReaderSlot& s) {
+    const std::uint64_t e = s.epoch.load(std::memory_order_seq_cst);
+    if (e != 0 && e < min_active) min_active = e;
+  });
   Retired* freeable = nullptr;
   Retired** link = &garbage_;
   while (*link != nullptr) {
     Retired* x = *link;
     if (x->retire_epoch < min_active) {
+      --garbage_count_;
       *link = x->next_retired;
       x->next_retired = freeable;
       freeable = x;
@@ -985,8 +1078,8 @@ void CacheImpl::deregister(RegionImpl* r) noexcept {
 
 // Applies queued invalidations, deregisters dead regions (outside lock_) and frees what readers no
 // longer see. Loops because a deregistration may itself raise invalidations (re-entrancy, rule 8).
-void CacheImpl::finishWork() noexcept {
-  for (int round = 0;; ++round) {
+void CacheImpl::finishWork(bool force_collect) noexcept {
+  for (;;) {
     RegionImpl* dead;
     Retired* freeable;
     {
@@ -1000,7 +1093,7 @@ void CacheImpl::finishWork() noexcept {
         retireRegions_locked(z);
       }
       if (dead == nullptr && dirty_) rebuild_locked(nullptr);
-      freeable = collect_locked();
+      freeable = collect_locked(force_collect && dead == nullptr);
     }
     freeList(freeable);
     if (dead == nullptr) return;
@@ -1009,7 +1102,7 @@ void CacheImpl::finishWork() noexcept {
       WriterGuard g(lock_);
       applyQueued_locked();
       retireRegions_locked(dead);
-      freeable = collect_locked();
+      freeable = collect_locked(force_collect);
     }
     freeList(freeable);
   }
@@ -1031,17 +1124,12 @@ void CacheImpl::releaseInvalid(RegionImpl* r) noexcept {
   freeList(freeable);
 }
 
-void CacheImpl::progress() noexcept { finishWork(); }
+void CacheImpl::progress() noexcept { finishWork(/*force_collect=*/true); }
 
 Stats CacheImpl::stats() const noexcept {
   Stats s;
   s.hits = slow_hits_.load(std::memory_order_relaxed);
-  const std::size_t lim = chunk_limit_.load(std::memory_order_acquire);
-  for (std::size_t ci = 0; ci < lim; ++ci) {
-    const SlotChunk* c = chunks_[ci].load(std::memory_order_acquire);
-    if (c == nullptr) continue;
-    for (const ReaderSlot& rs : c->slot) s.hits += rs.hits.load(std::memory_order_relaxed);
-  }
+  forEachSlot([&](const ReaderSlot& rs) { s.hits += rs.hits.load(std::memory_order_relaxed); });
   s.misses = misses_.load(std::memory_order_relaxed);
   s.merges = merges_.load(std::memory_order_relaxed);
   s.evictions = evictions_.load(std::memory_order_relaxed);
@@ -1083,15 +1171,10 @@ void CacheImpl::forkChild() noexcept {
     if ((prev & (kInvalid | kHolderMask)) == 0) pushDead_locked(reg);  // freed by the next pass
   }
   if (snap != &g_empty_snapshot) retire_locked(snap);
-  const std::size_t lim = chunk_limit_.load(std::memory_order_relaxed);
-  for (std::size_t ci = 0; ci < lim; ++ci) {
-    SlotChunk* c = chunks_[ci].load(std::memory_order_relaxed);
-    if (c == nullptr) continue;
-    for (ReaderSlot& s : c->slot) {
-      s.epoch.store(0, std::memory_order_relaxed);
-      s.unused_delta.store(0, std::memory_order_relaxed);
-    }
-  }
+  forEachSlot([](ReaderSlot& s) {
+    s.epoch.store(0, std::memory_order_relaxed);
+    s.unused_delta.store(0, std::memory_order_relaxed);
+  });
   regions_.store(0, std::memory_order_relaxed);
   pinned_.store(0, std::memory_order_relaxed);
   unused_shared_.store(0, std::memory_order_relaxed);
