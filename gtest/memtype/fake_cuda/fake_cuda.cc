@@ -44,8 +44,9 @@ constexpr CUresult kNotFound = 500;        // CUDA_ERROR_NOT_FOUND
 constexpr CUresult kNotSupported = 801;    // CUDA_ERROR_NOT_SUPPORTED
 constexpr CUresult kOutOfMemory = 2;       // CUDA_ERROR_OUT_OF_MEMORY
 
-constexpr std::size_t kArenaSize = 1ul << 30;
-constexpr std::uintptr_t kArenaHint = 0x40000000;  // below 4 GiB
+constexpr std::size_t kArenaSize = 512ul << 20;
+// Below 4 GiB, and below AddressSanitizer's shadow (which starts just under 2 GiB).
+constexpr std::uintptr_t kArenaHints[] = {0x40000000, 0x10000000};
 constexpr std::size_t kGranule = 64 * 1024;
 
 enum class Kind { kDevice, kManaged, kMapped };
@@ -94,8 +95,12 @@ long devices() {
 
 bool ensureArena() {
   if (g_arena != 0) return true;
-  void* p = mmap(reinterpret_cast<void*>(kArenaHint), kArenaSize, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+  void* p = MAP_FAILED;
+  for (std::uintptr_t hint : kArenaHints) {
+    p = mmap(reinterpret_cast<void*>(hint), kArenaSize, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p != MAP_FAILED) break;
+  }
   if (p == MAP_FAILED) {
     p = mmap(nullptr, kArenaSize, PROT_READ | PROT_WRITE,
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
