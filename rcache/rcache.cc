@@ -162,12 +162,10 @@ inline void readerEnter(std::atomic<std::uint64_t>& slot_epoch, std::uint64_t e)
   }
 }
 
+// Without membarrier, the readers' sequentially consistent stores and the writer's sequentially
+// consistent loads of the slots already order things; nothing more to do.
 void writerFence() noexcept {
-  if (g_asymmetric_fence) {
-    syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0);
-  } else {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-  }
+  if (g_asymmetric_fence) syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -391,7 +389,7 @@ class CacheImpl final : public Cache {
 
   // All *_locked members require lock_.
   Snapshot* current_locked() const noexcept { return index_.load(std::memory_order_relaxed); }
-  void applyQueued_locked() noexcept;
+  void applyQueued_locked(bool wait = true) noexcept;
   void applyInvalidation_locked(Range r) noexcept;
   bool invalidatedSince_locked(std::uint64_t seq0, Range r) const noexcept;
   bool markInvalid_locked(RegionImpl* r, DoomReason why) noexcept;
@@ -815,17 +813,26 @@ void CacheImpl::invalidate(const void* address, std::size_t length) noexcept {
   attention_.fetch_add(1, std::memory_order_seq_cst);
   if (!ring_.push(r)) ring_overflow_.fetch_add(1, std::memory_order_seq_cst);
   if (lock_.try_lock()) {
-    applyQueued_locked();
+    applyQueued_locked(/*wait=*/false);
     lock_.unlock();
   }
 }
 
-void CacheImpl::applyQueued_locked() noexcept {
+// With `wait`, also waits for producers that claimed a cell but have not filled it in yet: the queue
+// is FIFO, so a completed invalidate() may sit behind one still in progress, and a lookup must not
+// start before it is applied. invalidate() itself never waits (it may interrupt such a producer).
+void CacheImpl::applyQueued_locked(bool wait) noexcept {
   std::uint64_t n = 0;
   Range r;
-  while (ring_.pop(&r)) {
-    applyInvalidation_locked(r);
-    ++n;
+  for (;;) {
+    if (ring_.pop(&r)) {
+      applyInvalidation_locked(r);
+      ++n;
+    } else if (wait && ring_.claimed()) {
+      std::this_thread::yield();
+    } else {
+      break;
+    }
   }
   const std::uint64_t over = ring_overflow_.exchange(0, std::memory_order_acq_rel);
   if (over != 0) {

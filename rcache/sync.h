@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <thread>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <x86intrin.h>
@@ -103,6 +104,9 @@ class RangeRing {
       }
     }
   }
+  // Single consumer: true when a producer has claimed a cell that pop() has not taken yet (it may
+  // still be filling it in).
+  bool claimed() const noexcept { return tail_.load(std::memory_order_acquire) != head_; }
   // Single consumer. False when empty or when the next cell is claimed but not yet published.
   bool pop(Range* out) noexcept {
     Cell& c = cells_[head_ & (kCapacity - 1)];
