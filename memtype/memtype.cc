@@ -63,8 +63,8 @@ struct Memo {
   MemType type;
   std::uint32_t unflushed_hits;  // memo hits not yet added to g_counters.cache_hits
 };
-thread_local Memo t_memo;
-constexpr std::uint32_t kHitFlush = 64;  // Stats::cache_hits lags by less than this per thread
+[[maybe_unused]] thread_local Memo t_memo;
+[[maybe_unused]] constexpr std::uint32_t kHitFlush = 64;  // Stats::cache_hits lags by less than this per thread
 
 // Subscribers: fixed slots, published with the callback last.
 constexpr int kMaxSubscribers = 16;
