@@ -148,6 +148,35 @@ ucs_status_t mdDetectMemoryType(uct_md_h, const void* address, size_t length,
   return UCS_OK;
 }
 
+void memtypeLog(memtype::LogLevel level, const char* message) {
+  switch (level) {
+    case memtype::LogLevel::kError: ucs_error("gmd memtype: %s", message); break;
+    case memtype::LogLevel::kWarn: ucs_warn("gmd memtype: %s", message); break;
+    case memtype::LogLevel::kInfo: ucs_debug("gmd memtype: %s", message); break;
+    case memtype::LogLevel::kDebug: ucs_trace("gmd memtype: %s", message); break;
+  }
+}
+
+// Device memory through GPUDirect, when a CUDA driver with devices is present and the device can
+// do it; nullptr otherwise (then CUDA stays out of reg_mem_types).
+std::unique_ptr<memtype::GpuDirectBackend> makeGpuDirect(const char* name, ibv_pd* pd,
+                                                         const MdConfig& config) {
+  memtype::Classifier& classifier = memtype::Classifier::instance();
+  memtype::FreeMode mode = memtype::FreeMode::kHooks;
+  memtype::parseFreeMode(kCudaFreeModeNames[config.cuda_free_mode], &mode);
+  classifier.setFreeMode(mode);  // process-wide: the classifier is shared by all MDs
+  if (!classifier.cudaAvailable()) return nullptr;
+  memtype::GpuDirectConfig gd;
+  memtype::parseDmabufPolicy(kDmabufNames[config.dmabuf], &gd.dmabuf);
+  gd.managed = memtype::ManagedPolicy::kRefuse;
+  auto backend = std::make_unique<memtype::GpuDirectBackend>(pd, gd);
+  if (!backend->cudaSupported()) {
+    ucs_debug("gmd %s: no GPUDirect path (dma-buf or peer memory) for CUDA memory", name);
+    return nullptr;
+  }
+  return backend;
+}
+
 ucx::MdOps kMdOps = {
     .close = mdClose,
     .query = mdQuery,
@@ -193,6 +222,7 @@ ucs_status_t Md::open(ucx::Component* component, const char* name, const MdConfi
     md->handle_.md = md.get();
 
     rcache::setLogHandler(cacheLog);
+    memtype::setLogger(memtypeLog);
     md->ctx_ = openDevice(name);
     if (md->ctx_ == nullptr) {
       ucs_error("gmd: cannot open RDMA device %s: %s", name, std::strerror(errno));
@@ -216,6 +246,7 @@ ucs_status_t Md::open(ucx::Component* component, const char* name, const MdConfi
       return toUcsStatus(st);
     }
     md->host_backend_ = std::make_unique<VerbsBackend>(md->pd_);
+    md->cuda_backend_ = makeGpuDirect(name, md->pd_, config);
     md->registrar_ = std::make_unique<Registrar>(name, std::move(cache), md->host_backend_.get(),
                                                  md->cuda_backend_.get(), classify);
 

@@ -10,12 +10,13 @@
 namespace gmd::md {
 namespace {
 
-const char* kCudaFreeModeNames[] = {"hooks", "validate", "off", nullptr};
-const char* kDmabufNames[] = {"try", "on", "off", nullptr};
 
 constexpr std::size_t kMaxAlignment = 1ul << 30;
 
 }  // namespace
+
+const char* kCudaFreeModeNames[] = {"hooks", "validate", "both", "off", nullptr};
+const char* kDmabufNames[] = {"try", "on", "off", nullptr};
 
 ucs_config_field_t kMdConfigTable[] = {
     {"RCACHE_MAX_REGIONS", "inf",
@@ -46,6 +47,8 @@ ucs_config_field_t kMdConfigTable[] = {
      "How the cache learns that CUDA memory was freed:\n"
      " hooks    - intercept the CUDA driver's free entry points (default)\n"
      " validate - compare the allocation's buffer ID on every cache hit\n"
+     " both     - hooks, and the buffer-ID check as well (for programs that took the driver's\n"
+     "            free entry points before gmd was loaded)\n"
      " off      - neither (unsafe: a freed and reallocated buffer may hit a stale entry)",
      offsetof(MdConfig, cuda_free_mode), UCS_CONFIG_TYPE_ENUM(kCudaFreeModeNames)},
     {"DMABUF", "try",

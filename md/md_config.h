@@ -18,7 +18,15 @@
 namespace gmd::md {
 
 // How CUDA frees reach the cache (UCX_GMD_CUDA_FREE_MODE).
-enum CudaFreeMode : unsigned { kCudaFreeHooks = 0, kCudaFreeValidate = 1, kCudaFreeOff = 2 };
+enum CudaFreeMode : unsigned {
+  kCudaFreeHooks = 0,
+  kCudaFreeValidate = 1,
+  kCudaFreeBoth = 2,
+  kCudaFreeOff = 3,
+};
+// The names UCX's parser accepts, indexed by the enums above (for passing on to memtype/).
+extern const char* kCudaFreeModeNames[];
+extern const char* kDmabufNames[];
 // GPUDirect through dma-buf (UCX_GMD_DMABUF).
 enum DmabufMode : unsigned { kDmabufTry = 0, kDmabufOn = 1, kDmabufOff = 2 };
 
