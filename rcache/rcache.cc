@@ -665,7 +665,7 @@ void CacheImpl::put(Region* region) noexcept {
 // ---------------------------------------------------------------------------------------------------
 // Miss path
 
-Status CacheImpl::getSlow(const Request& rq, unsigned access, MemType type, Backend* backend,
+__attribute__((noinline)) Status CacheImpl::getSlow(const Request& rq, unsigned access, MemType type, Backend* backend,
                           Region** out) noexcept {
   RegionImpl* hit = nullptr;
   Range want{rq.start, rq.end};
@@ -1085,7 +1085,7 @@ void CacheImpl::deregister(RegionImpl* r) noexcept {
 
 // Applies queued invalidations, deregisters dead regions (outside lock_) and frees what readers no
 // longer see. Loops because a deregistration may itself raise invalidations (re-entrancy, rule 8).
-void CacheImpl::finishWork(bool force_collect) noexcept {
+__attribute__((noinline)) void CacheImpl::finishWork(bool force_collect) noexcept {
   for (;;) {
     RegionImpl* dead;
     Retired* freeable;
@@ -1115,7 +1115,7 @@ void CacheImpl::finishWork(bool force_collect) noexcept {
   }
 }
 
-void CacheImpl::releaseInvalid(RegionImpl* r) noexcept {
+__attribute__((noinline)) void CacheImpl::releaseInvalid(RegionImpl* r) noexcept {
   if (r->fork_gen_ == fork_gen_.load(std::memory_order_relaxed)) {
     regions_.fetch_sub(1, std::memory_order_relaxed);
     pinned_.fetch_sub(static_cast<std::int64_t>(r->length()), std::memory_order_relaxed);
