@@ -269,6 +269,11 @@ class alignas(kCacheLine) RegionImpl final : public Region, public Retired {
   bool in_index_ = false;                  // guarded by lock_: in the published snapshot
 };
 
+inline std::size_t retiredBytes(const Retired* x) noexcept {
+  return x->is_region ? sizeof(RegionImpl)
+                      : sizeof(Snapshot) + static_cast<const Snapshot*>(x)->size * sizeof(Entry);
+}
+
 // One per thread (by threadIndex()) and cache: the reader's epoch and its private counters.
 struct alignas(kCacheLine) ReaderSlot {
   std::atomic<std::uint64_t> epoch{0};         // 0: not reading; else the global epoch at entry
@@ -433,7 +438,10 @@ class CacheImpl final : public Cache {
   RegionImpl* zombies_ = nullptr; // deregistered, still in the snapshot (a rebuild failed)
   Retired* garbage_ = nullptr;    // waiting for readers to leave their epoch
   std::size_t garbage_count_ = 0;
-  static constexpr std::size_t kCollectBatch = 32;
+  std::size_t garbage_bytes_ = 0;
+  // A collection pass costs a membarrier() (~0.4 us): batch it, bounded in memory.
+  static constexpr std::size_t kCollectBatch = 128;
+  static constexpr std::size_t kCollectBytes = std::size_t{1} << 20;
   bool retired_since_advance_ = false;
   bool dirty_ = false;            // the published snapshot holds invalid entries
   bool work_flag_ = false;        // mirrors kWorkBit in attention_
@@ -1013,6 +1021,7 @@ void CacheImpl::retire_locked(Retired* x) noexcept {
   x->next_retired = garbage_;
   garbage_ = x;
   ++garbage_count_;
+  garbage_bytes_ += retiredBytes(x);
   retired_since_advance_ = true;
 }
 
@@ -1039,7 +1048,10 @@ void CacheImpl::retireRegions_locked(RegionImpl* list) noexcept {
 // Frees what no reader can see any more: returns the list to free once lock_ is released.
 // Each pass costs a membarrier(): batched, unless `force`.
 Retired* CacheImpl::collect_locked(bool force) noexcept {
-  if (garbage_ == nullptr || (!force && garbage_count_ < kCollectBatch)) return nullptr;
+  if (garbage_ == nullptr ||
+      (!force && garbage_count_ < kCollectBatch && garbage_bytes_ < kCollectBytes)) {
+    return nullptr;
+  }
   if (retired_since_advance_) {
     epoch_.fetch_add(1, std::memory_order_seq_cst);
     retired_since_advance_ = false;
@@ -1056,6 +1068,7 @@ Retired* CacheImpl::collect_locked(bool force) noexcept {
     Retired* x = *link;
     if (x->retire_epoch < min_active) {
       --garbage_count_;
+      garbage_bytes_ -= retiredBytes(x);
       *link = x->next_retired;
       x->next_retired = freeable;
       freeable = x;
