@@ -137,6 +137,8 @@ class Cache : public InvalidationSink {
  public:
   // Validates `config` (kInvalidParam on bad limits/alignment) and builds a cache.
   static Status create(const Config& config, std::unique_ptr<Cache>* out);
+  // Deregisters everything still cached. Destroy only when no thread is inside the cache and no
+  // region is held, after unsubscribing the cache from its monitors.
   virtual ~Cache() = default;
 
   // Find or make a region covering [address, address + length) with `access`, registered through
