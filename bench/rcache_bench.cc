@@ -3,7 +3,8 @@
 //
 //   RcacheHit_*            get + release of a cached 64 KiB range, one thread
 //   RcacheHitThreads_*     the same with 1, 2 and 4 threads, each thread on its own 64 KiB buffer
-//   RcacheMiss_*           a new region each time, registered and released: get (a miss), invalidate
+//   RcacheMiss_*           a new region each time, registered and released: get (a miss),
+//   invalidate
 //                          the region while held, release (which deregisters it), so that every
 //                          get is a real miss and both caches stay empty
 //   RcacheInvalidate_*     invalidate a range covering 64 cached regions, then one hit on another
@@ -35,16 +36,16 @@ namespace rc = gmd::rcache;
 constexpr std::size_t kHitLength = 64 * 1024;
 constexpr std::size_t kMissLength = 4096;
 constexpr std::size_t kMissStride = 8192;
-constexpr std::size_t kMissRanges = 16384;       // cycled
+constexpr std::size_t kMissRanges = 16384;  // cycled
 constexpr int kInvRegions = 64;
-constexpr int kUcmEventVmUnmapped = 1 << 17;     // UCM_EVENT_VM_UNMAPPED
+constexpr int kUcmEventVmUnmapped = 1 << 17;  // UCM_EVENT_VM_UNMAPPED
 
 // One arena of real memory for every benchmark (ucs_rcache may inspect the mappings).
 char* arena() {
   static char* a = [] {
     const std::size_t len = std::size_t{1} << 30;
-    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
       std::perror("mmap arena");
       std::abort();
@@ -57,7 +58,8 @@ char* hitBuffer(int thread) { return arena() + static_cast<std::size_t>(thread) 
 char* missBase() { return arena() + (std::size_t{64} << 20); }
 char* invBase() { return arena() + (std::size_t{512} << 20); }
 
-// ---- gmd ------------------------------------------------------------------------------------------
+// ---- gmd
+// ------------------------------------------------------------------------------------------
 
 class NopBackend final : public rc::Backend {
  public:
@@ -89,7 +91,8 @@ inline rc::Region* gmdGet(rc::Cache* c, void* p, std::size_t len) {
   return r;
 }
 
-// ---- ucs_rcache -----------------------------------------------------------------------------------
+// ---- ucs_rcache
+// -----------------------------------------------------------------------------------
 
 ucs_status_t ucsNopReg(void*, ucs_rcache_t*, void*, ucs_rcache_region_t*, uint16_t) {
   return UCS_OK;
@@ -146,7 +149,8 @@ inline ucs_rcache_region_t* ucsGet(ucs_rcache_t* c, void* p, std::size_t len) {
   return r;
 }
 
-// ---- Hit ------------------------------------------------------------------------------------------
+// ---- Hit
+// ------------------------------------------------------------------------------------------
 
 void RcacheHit_gmd(benchmark::State& state) {
   auto c = makeGmd();
@@ -207,7 +211,8 @@ void RcacheHitThreads_ucs(benchmark::State& state) {
 }
 BENCHMARK(RcacheHitThreads_ucs)->Threads(1)->Threads(2)->Threads(4);
 
-// ---- Miss -----------------------------------------------------------------------------------------
+// ---- Miss
+// -----------------------------------------------------------------------------------------
 
 void RcacheMiss_gmd(benchmark::State& state) {
   auto c = makeGmd();
@@ -239,7 +244,8 @@ void RcacheMiss_ucs(benchmark::State& state) {
 }
 BENCHMARK(RcacheMiss_ucs);
 
-// ---- Invalidate -----------------------------------------------------------------------------------
+// ---- Invalidate
+// -----------------------------------------------------------------------------------
 
 // 64 one-page regions, one page apart: the invalidated range covers 128 pages.
 char* invRegion(int k) { return invBase() + static_cast<std::size_t>(k) * 2 * 4096; }

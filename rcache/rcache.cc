@@ -2,11 +2,11 @@
 //
 // Shape of the implementation:
 //  - The index is an immutable sorted array of disjoint regions (Snapshot) published through an
-//    atomic pointer. Readers (the hit path) look it up inside an epoch and take a reference with one
-//    CAS on the region's state word, which fails once the region is invalid. Writers (misses,
-//    invalidations, evictions) are serialised by lock_ and publish a new snapshot; old snapshots and
-//    dead regions are freed once no reader can still see them (epoch-based reclamation, one reader
-//    slot per thread).
+//    atomic pointer. Readers (the hit path) look it up inside an epoch and take a reference with
+//    one CAS on the region's state word, which fails once the region is invalid. Writers (misses,
+//    invalidations, evictions) are serialised by lock_ and publish a new snapshot; old snapshots
+//    and dead regions are freed once no reader can still see them (epoch-based reclamation, one
+//    reader slot per thread).
 //  - invalidate() never blocks and never allocates: it queues the range in a preallocated ring,
 //    bumps attention_, and applies the queue at once when it can try-lock the writer lock. Every
 //    get() reads attention_ before its lookup and drains the queue first when it is non-zero.
@@ -40,13 +40,20 @@ using detail::WriterLock;
 
 const char* statusString(Status s) noexcept {
   switch (s) {
-    case Status::kOk: return "ok";
-    case Status::kInvalidParam: return "invalid parameter";
-    case Status::kNoMemory: return "out of memory";
-    case Status::kNoResource: return "out of registration resources";
-    case Status::kExceedsLimit: return "exceeds a configured limit";
-    case Status::kUnsupported: return "unsupported";
-    case Status::kIoError: return "registration failed";
+    case Status::kOk:
+      return "ok";
+    case Status::kInvalidParam:
+      return "invalid parameter";
+    case Status::kNoMemory:
+      return "out of memory";
+    case Status::kNoResource:
+      return "out of registration resources";
+    case Status::kExceedsLimit:
+      return "exceeds a configured limit";
+    case Status::kUnsupported:
+      return "unsupported";
+    case Status::kIoError:
+      return "registration failed";
   }
   return "unknown";
 }
@@ -262,11 +269,11 @@ class alignas(kCacheLine) RegionImpl final : public Region, public Retired {
     return (access_ & access) == access && mem_type_ == type && backend_ == backend;
   }
 
-  std::atomic<std::uint64_t> state_{1};    // created held by its requester
+  std::atomic<std::uint64_t> state_{1};      // created held by its requester
   std::atomic<std::uint64_t> last_used_{0};  // release tick (see CacheImpl::releaseTick)
-  std::uint32_t fork_gen_ = 0;             // the cache's fork generation when registered
-  RegionImpl* next_dead_ = nullptr;        // guarded by lock_
-  bool in_index_ = false;                  // guarded by lock_: in the published snapshot
+  std::uint32_t fork_gen_ = 0;               // the cache's fork generation when registered
+  RegionImpl* next_dead_ = nullptr;          // guarded by lock_
+  bool in_index_ = false;                    // guarded by lock_: in the published snapshot
 };
 
 inline std::size_t retiredBytes(const Retired* x) noexcept {
@@ -276,10 +283,10 @@ inline std::size_t retiredBytes(const Retired* x) noexcept {
 
 // One per thread (by threadIndex()) and cache: the reader's epoch and its private counters.
 struct alignas(kCacheLine) ReaderSlot {
-  std::atomic<std::uint64_t> epoch{0};         // 0: not reading; else the global epoch at entry
-  std::atomic<std::uint64_t> hits{0};          // written by the owning thread only
-  std::atomic<std::int64_t> unused_delta{0};   // owner only; flushed to unused_shared_ past a bound
-  std::atomic<std::uint64_t> lru_seq{0};       // owner only: this thread's last release tick
+  std::atomic<std::uint64_t> epoch{0};        // 0: not reading; else the global epoch at entry
+  std::atomic<std::uint64_t> hits{0};         // written by the owning thread only
+  std::atomic<std::int64_t> unused_delta{0};  // owner only; flushed to unused_shared_ past a bound
+  std::atomic<std::uint64_t> lru_seq{0};      // owner only: this thread's last release tick
 };
 
 constexpr std::size_t kSlotsPerChunk = 64;
@@ -289,8 +296,9 @@ struct SlotChunk {
   ReaderSlot slot[kSlotsPerChunk];
 };
 
-constexpr std::size_t kRingCapacity = 1024;  // queued invalidations before the conservative fallback
-constexpr std::size_t kHistory = 64;         // applied invalidations remembered for in-flight misses
+constexpr std::size_t kRingCapacity =
+    1024;                             // queued invalidations before the conservative fallback
+constexpr std::size_t kHistory = 64;  // applied invalidations remembered for in-flight misses
 
 // Adds `d` to a counter that only writers (under lock_) or a single owner modify; readers may load.
 template <typename T>
@@ -434,20 +442,20 @@ class CacheImpl final : public Cache {
   std::atomic<std::uint64_t> ring_overflow_{0};  // pushes that found ring_ full, not yet applied
 
   // Guarded by lock_.
-  RegionImpl* dead_ = nullptr;    // unused invalid regions waiting for deregistration
-  RegionImpl* zombies_ = nullptr; // deregistered, still in the snapshot (a rebuild failed)
-  Retired* garbage_ = nullptr;    // waiting for readers to leave their epoch
+  RegionImpl* dead_ = nullptr;     // unused invalid regions waiting for deregistration
+  RegionImpl* zombies_ = nullptr;  // deregistered, still in the snapshot (a rebuild failed)
+  Retired* garbage_ = nullptr;     // waiting for readers to leave their epoch
   std::size_t garbage_count_ = 0;
   std::size_t garbage_bytes_ = 0;
   // A collection pass costs a membarrier() (~0.4 us): batch it, bounded in memory.
   static constexpr std::size_t kCollectBatch = 128;
   static constexpr std::size_t kCollectBytes = std::size_t{1} << 20;
   bool retired_since_advance_ = false;
-  bool dirty_ = false;            // the published snapshot holds invalid entries
-  bool work_flag_ = false;        // mirrors kWorkBit in attention_
+  bool dirty_ = false;                      // the published snapshot holds invalid entries
+  bool work_flag_ = false;                  // mirrors kWorkBit in attention_
   std::atomic<std::uint32_t> fork_gen_{0};  // bumped in a fork child (single-threaded there)
-  std::uint64_t inval_seq_ = 0;   // invalidations applied so far
-  Range history_[kHistory];       // the last kHistory of them
+  std::uint64_t inval_seq_ = 0;             // invalidations applied so far
+  Range history_[kHistory];                 // the last kHistory of them
 
   // Counters; writers update them, stats() reads them from any thread.
   std::atomic<std::uint64_t> slow_hits_{0}, misses_{0}, merges_{0}, evictions_{0};
@@ -508,9 +516,11 @@ CacheImpl::~CacheImpl() {
   for (auto& c : chunks_) delete c.load(std::memory_order_relaxed);
 }
 
-__attribute__((noinline, cold)) Status CacheImpl::checkRequest(const void* address, std::size_t length, unsigned access,
-                               const Backend* backend, Region* const* region,
-                               Request* rq) const noexcept {
+__attribute__((noinline, cold)) Status CacheImpl::checkRequest(const void* address,
+                                                               std::size_t length, unsigned access,
+                                                               const Backend* backend,
+                                                               Region* const* region,
+                                                               Request* rq) const noexcept {
   const auto addr = reinterpret_cast<std::uintptr_t>(address);
   if (region == nullptr || backend == nullptr) {
     logf(LogLevel::kError, "get(%p, %zu): null %s", address, length,
@@ -571,7 +581,8 @@ __attribute__((noinline)) ReaderSlot* CacheImpl::mySlotSlow() noexcept {
 }
 
 // The slot's delta passed its bound (or there is no slot): move it to the shared counter.
-__attribute__((noinline)) void CacheImpl::flushUnused(ReaderSlot* slot, std::int64_t delta) noexcept {
+__attribute__((noinline)) void CacheImpl::flushUnused(ReaderSlot* slot,
+                                                      std::int64_t delta) noexcept {
   std::int64_t v = delta;
   if (slot != nullptr) {
     v += slot->unused_delta.load(std::memory_order_relaxed);
@@ -587,9 +598,8 @@ __attribute__((noinline)) void CacheImpl::flushUnused(ReaderSlot* slot, std::int
 
 void CacheImpl::advanceLruClock_locked() noexcept {
   std::uint64_t m = lru_clock_.load(std::memory_order_relaxed);
-  forEachSlot([&](const ReaderSlot& s) {
-    m = std::max(m, s.lru_seq.load(std::memory_order_relaxed));
-  });
+  forEachSlot(
+      [&](const ReaderSlot& s) { m = std::max(m, s.lru_seq.load(std::memory_order_relaxed)); });
   lru_clock_.store(m + 1, std::memory_order_relaxed);
 }
 
@@ -609,13 +619,12 @@ Status CacheImpl::get(const void* address, std::size_t length, unsigned access, 
   const std::uintptr_t mask = config_.alignment - 1;
   std::uintptr_t last;
   // One test for the common case; checkRequest() tells what is wrong otherwise.
-  if (__builtin_expect(length - 1 >= kMaxRequestLength ||
-                           (access & ~static_cast<unsigned>(kAccessAll)) != 0 ||
-                           backend == nullptr || region == nullptr ||
-                           __builtin_add_overflow(addr, length - 1, &last) ||
-                           last >= UINTPTR_MAX - mask ||
-                           (last | mask) - (addr & ~mask) >= config_.max_pinned_bytes,
-                       0)) {
+  if (__builtin_expect(
+          length - 1 >= kMaxRequestLength || (access & ~static_cast<unsigned>(kAccessAll)) != 0 ||
+              backend == nullptr || region == nullptr ||
+              __builtin_add_overflow(addr, length - 1, &last) || last >= UINTPTR_MAX - mask ||
+              (last | mask) - (addr & ~mask) >= config_.max_pinned_bytes,
+          0)) {
     const Status st = checkRequest(address, length, access, backend, region, &rq);
     if (st != Status::kOk) return st;
   } else {
@@ -673,8 +682,9 @@ void CacheImpl::put(Region* region) noexcept {
 // ---------------------------------------------------------------------------------------------------
 // Miss path
 
-__attribute__((noinline)) Status CacheImpl::getSlow(const Request& rq, unsigned access, MemType type, Backend* backend,
-                          Region** out) noexcept {
+__attribute__((noinline)) Status CacheImpl::getSlow(const Request& rq, unsigned access,
+                                                    MemType type, Backend* backend,
+                                                    Region** out) noexcept {
   RegionImpl* hit = nullptr;
   Range want{rq.start, rq.end};
   unsigned want_access = access;
@@ -729,8 +739,8 @@ __attribute__((noinline)) Status CacheImpl::getSlow(const Request& rq, unsigned 
     logf(LogLevel::kError,
          "register [0x%zx, 0x%zx): region limits reached (max_regions %zu, max_pinned_bytes %zu) "
          "and every region is in use",
-         static_cast<std::size_t>(rq.start), static_cast<std::size_t>(rq.end),
-         config_.max_regions, config_.max_pinned_bytes);
+         static_cast<std::size_t>(rq.start), static_cast<std::size_t>(rq.end), config_.max_regions,
+         config_.max_pinned_bytes);
     return st;
   }
 
@@ -775,7 +785,8 @@ __attribute__((noinline)) Status CacheImpl::getSlow(const Request& rq, unsigned 
     applyQueued_locked();
     if (invalidatedSince_locked(seq0, want)) {
       // The memory changed while we registered it. The caller asked before the invalidation
-      // completed, so it may use this registration, but nobody else will: it never enters the index.
+      // completed, so it may use this registration, but nobody else will: it never enters the
+      // index.
       nr->state_.store(1 | kInvalid, std::memory_order_relaxed);
       bump(inval_in_use_, std::uint64_t{1});
       bump(deferred_, std::uint64_t{1});
@@ -826,9 +837,10 @@ void CacheImpl::invalidate(const void* address, std::size_t length) noexcept {
   }
 }
 
-// With `wait`, also waits for producers that claimed a cell but have not filled it in yet: the queue
-// is FIFO, so a completed invalidate() may sit behind one still in progress, and a lookup must not
-// start before it is applied. invalidate() itself never waits (it may interrupt such a producer).
+// With `wait`, also waits for producers that claimed a cell but have not filled it in yet: the
+// queue is FIFO, so a completed invalidate() may sit behind one still in progress, and a lookup
+// must not start before it is applied. invalidate() itself never waits (it may interrupt such a
+// producer).
 void CacheImpl::applyQueued_locked(bool wait) noexcept {
   std::uint64_t n = 0;
   Range r;
@@ -870,8 +882,9 @@ bool CacheImpl::invalidatedSince_locked(std::uint64_t seq0, Range r) const noexc
   return false;
 }
 
-// Takes `r` out of the index (logically: the snapshot is rebuilt later). Returns false if it already
-// was. An unused region goes to the dead list; a held one is deregistered by its last put().
+// Takes `r` out of the index (logically: the snapshot is rebuilt later). Returns false if it
+// already was. An unused region goes to the dead list; a held one is deregistered by its last
+// put().
 bool CacheImpl::markInvalid_locked(RegionImpl* r, DoomReason why) noexcept {
   const std::uint64_t prev = r->state_.fetch_or(kInvalid, std::memory_order_acq_rel);
   if ((prev & kInvalid) != 0) return false;
@@ -887,8 +900,8 @@ bool CacheImpl::markInvalid_locked(RegionImpl* r, DoomReason why) noexcept {
   return true;
 }
 
-// Bookkeeping for a region that just became invalid with no holder: it leaves the counters and waits
-// on the dead list for deregistration outside lock_.
+// Bookkeeping for a region that just became invalid with no holder: it leaves the counters and
+// waits on the dead list for deregistration outside lock_.
 void CacheImpl::doomUnused_locked(RegionImpl* r, DoomReason why) noexcept {
   dirty_ = true;
   const auto len = static_cast<std::int64_t>(r->length());
@@ -896,10 +909,15 @@ void CacheImpl::doomUnused_locked(RegionImpl* r, DoomReason why) noexcept {
   regions_.fetch_sub(1, std::memory_order_relaxed);
   pinned_.fetch_sub(len, std::memory_order_relaxed);
   switch (why) {
-    case DoomReason::kEvicted: bump(evictions_, std::uint64_t{1}); break;
+    case DoomReason::kEvicted:
+      bump(evictions_, std::uint64_t{1});
+      break;
     case DoomReason::kInvalidated:
-    case DoomReason::kStale: bump(inval_unused_, std::uint64_t{1}); break;
-    case DoomReason::kMerged: break;
+    case DoomReason::kStale:
+      bump(inval_unused_, std::uint64_t{1});
+      break;
+    case DoomReason::kMerged:
+      break;
   }
   pushDead_locked(r);
 }
@@ -923,8 +941,7 @@ bool CacheImpl::evictOne_locked() noexcept {
     }
     if (victim == nullptr) return false;
     std::uint64_t unused_valid = 0;
-    if (victim->state_.compare_exchange_strong(unused_valid, kInvalid,
-                                               std::memory_order_acq_rel)) {
+    if (victim->state_.compare_exchange_strong(unused_valid, kInvalid, std::memory_order_acq_rel)) {
       doomUnused_locked(victim, DoomReason::kEvicted);
       return true;
     }
@@ -1025,8 +1042,8 @@ void CacheImpl::retire_locked(Retired* x) noexcept {
   retired_since_advance_ = true;
 }
 
-// `list` (linked by next_dead_) is deregistered. Once no snapshot holds them they are retired; if the
-// snapshot cannot be rebuilt now (no memory) they wait on zombies_ for the next pass.
+// `list` (linked by next_dead_) is deregistered. Once no snapshot holds them they are retired; if
+// the snapshot cannot be rebuilt now (no memory) they wait on zombies_ for the next pass.
 void CacheImpl::retireRegions_locked(RegionImpl* list) noexcept {
   bool indexed = false;
   for (RegionImpl* r = list; r != nullptr; r = r->next_dead_) indexed = indexed || r->in_index_;
@@ -1093,7 +1110,8 @@ void CacheImpl::freeList(Retired* list) noexcept {
 
 // A registration made before a fork() is the parent's: the child never deregisters it.
 void CacheImpl::deregister(RegionImpl* r) noexcept {
-  if (r->fork_gen_ == fork_gen_.load(std::memory_order_relaxed)) r->backend()->dereg(r->registration());
+  if (r->fork_gen_ == fork_gen_.load(std::memory_order_relaxed))
+    r->backend()->dereg(r->registration());
 }
 
 // Applies queued invalidations, deregisters dead regions (outside lock_) and frees what readers no
@@ -1166,8 +1184,8 @@ Stats CacheImpl::stats() const noexcept {
 // ---------------------------------------------------------------------------------------------------
 // fork() (rule 9)
 
-// In the child, only the forking thread exists and lock_ is held by it (taken in forkPrepare()). The
-// child must never hand out nor deregister the parent's registrations: every region becomes an
+// In the child, only the forking thread exists and lock_ is held by it (taken in forkPrepare()).
+// The child must never hand out nor deregister the parent's registrations: every region becomes an
 // orphan (invalid, never deregistered), the index is emptied, and orphans are freed as they are
 // released. No allocation here.
 void CacheImpl::forkChild() noexcept {

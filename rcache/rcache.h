@@ -5,10 +5,10 @@
 // registration made through the request's Backend (miss). The rules it keeps are those of
 // docs/design.md (shared design notes): see rcache/README.md for how each one is implemented.
 //
-// Thread safety: every method of Cache may be called from any thread at any time. invalidate() may be
-// called from inside a memory hook (munmap, free) including while the same thread is inside the cache;
-// it does not allocate, does not block on a lock that get()/put() hold across a backend call, and
-// defers deregistration to the next get()/put()/progress() outside the hook.
+// Thread safety: every method of Cache may be called from any thread at any time. invalidate() may
+// be called from inside a memory hook (munmap, free) including while the same thread is inside the
+// cache; it does not allocate, does not block on a lock that get()/put() hold across a backend
+// call, and defers deregistration to the next get()/put()/progress() outside the hook.
 #pragma once
 
 #include <cstddef>
@@ -22,23 +22,25 @@ namespace gmd::rcache {
 // Outcome of a cache or backend operation. md/ maps these onto ucs_status_t.
 enum class Status : std::uint8_t {
   kOk = 0,
-  kInvalidParam,   // zero length, wrap-around, absurd size, bad access flags or limits
-  kNoMemory,       // host allocation failed
-  kNoResource,     // backend ran out of registration resources (after evict + one retry)
-  kExceedsLimit,   // the request alone exceeds a configured limit
-  kUnsupported,    // the backend cannot register this memory (e.g. no GPUDirect)
-  kIoError,        // backend failure that is not a resource shortage (EFAULT, EINVAL, EPERM...)
+  kInvalidParam,  // zero length, wrap-around, absurd size, bad access flags or limits
+  kNoMemory,      // host allocation failed
+  kNoResource,    // backend ran out of registration resources (after evict + one retry)
+  kExceedsLimit,  // the request alone exceeds a configured limit
+  kUnsupported,   // the backend cannot register this memory (e.g. no GPUDirect)
+  kIoError,       // backend failure that is not a resource shortage (EFAULT, EINVAL, EPERM...)
 };
 const char* statusString(Status s) noexcept;
 
-// Where the cache's log lines go. The cache logs once where an error is decided (bad input, a failed
-// registration, a limit reached) and never from inside invalidate(). The default handler writes errors
-// and warnings to stderr; md/ routes them to UCX's logger. nullptr restores the default.
+// Where the cache's log lines go. The cache logs once where an error is decided (bad input, a
+// failed registration, a limit reached) and never from inside invalidate(). The default handler
+// writes errors and warnings to stderr; md/ routes them to UCX's logger. nullptr restores the
+// default.
 enum class LogLevel : std::uint8_t { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
 using LogHandler = void (*)(LogLevel level, const char* message) noexcept;
 void setLogHandler(LogHandler handler) noexcept;
 
-// Requests longer than this are rejected as absurd (kInvalidParam): larger than any user address space.
+// Requests longer than this are rejected as absurd (kInvalidParam): larger than any user address
+// space.
 inline constexpr std::size_t kMaxRequestLength = std::size_t{1} << 57;
 
 // Access rights, a bit set. A region satisfies a request when it holds every requested bit.
@@ -64,8 +66,9 @@ struct Registration {
 class Backend {
  public:
   virtual ~Backend() = default;
-  // Register [start, start + length) (aligned) with at least `access`. On failure returns a status and
-  // leaves `out` untouched. kNoResource (ENOMEM/EAGAIN from the device) makes the cache evict and retry.
+  // Register [start, start + length) (aligned) with at least `access`. On failure returns a status
+  // and leaves `out` untouched. kNoResource (ENOMEM/EAGAIN from the device) makes the cache evict
+  // and retry.
   virtual Status reg(std::uintptr_t start, std::size_t length, unsigned access, MemType type,
                      Registration* out) noexcept = 0;
   virtual void dereg(const Registration& reg) noexcept = 0;
@@ -110,11 +113,11 @@ class Monitor {
 };
 
 struct Config {
-  std::size_t alignment = 4096;                     // power of two, >= page size
-  std::size_t max_regions = SIZE_MAX;               // regions registered at once (in index or held)
-  std::size_t max_pinned_bytes = SIZE_MAX;          // bytes registered at once
-  std::size_t max_unused_bytes = 512ul << 20;       // unused-but-cached bytes kept for reuse
-  bool purge_on_fork = true;                        // child drops the parent's regions after fork()
+  std::size_t alignment = 4096;                // power of two, >= page size
+  std::size_t max_regions = SIZE_MAX;          // regions registered at once (in index or held)
+  std::size_t max_pinned_bytes = SIZE_MAX;     // bytes registered at once
+  std::size_t max_unused_bytes = 512ul << 20;  // unused-but-cached bytes kept for reuse
+  bool purge_on_fork = true;                   // child drops the parent's regions after fork()
 };
 
 // Counters, read with Cache::stats(); monotonic except regions / pinned / unused.
@@ -129,8 +132,8 @@ struct Stats {
   std::uint64_t regions = 0;                 // registrations alive now (indexed or held)
   std::uint64_t pinned_bytes = 0;            // bytes they cover
   std::uint64_t unused_bytes = 0;            // bytes of unused regions still cached
-  std::uint64_t invalidation_overflows = 0;  // invalidations that found the queue full and were applied
-                                             // conservatively (the whole index dropped)
+  std::uint64_t invalidation_overflows = 0;  // invalidations that found the queue full and were
+                                             // applied conservatively (the whole index dropped)
 };
 
 class Cache : public InvalidationSink {

@@ -17,8 +17,8 @@ namespace gmd::rcache::detail {
 
 inline constexpr std::size_t kCacheLine = 64;
 
-// A non-recursive writer lock whose try_lock() may be called by the thread that already holds it (it
-// simply fails), which std::mutex does not allow. lock() spins briefly, then sleeps on a futex
+// A non-recursive writer lock whose try_lock() may be called by the thread that already holds it
+// (it simply fails), which std::mutex does not allow. lock() spins briefly, then sleeps on a futex
 // (std::atomic::wait). Thread safety: all members from any thread; try_lock() is hook-safe.
 class WriterLock {
  public:
@@ -71,10 +71,10 @@ struct Range {
 };
 
 // Bounded multi-producer single-consumer queue of ranges, preallocated. push() is lock-free and
-// hook-safe (any thread, any time); pop() must be called by one thread at a time (the cache calls it
-// under its writer lock). Each cell carries a sequence number: a producer claims a position with a CAS
-// on tail_, fills the cell and publishes it by storing position + 1; the consumer takes a cell only
-// once published and frees it for the next lap by storing position + capacity.
+// hook-safe (any thread, any time); pop() must be called by one thread at a time (the cache calls
+// it under its writer lock). Each cell carries a sequence number: a producer claims a position with
+// a CAS on tail_, fills the cell and publishes it by storing position + 1; the consumer takes a
+// cell only once published and frees it for the next lap by storing position + capacity.
 template <std::size_t kCapacity>
 class RangeRing {
   static_assert((kCapacity & (kCapacity - 1)) == 0, "capacity must be a power of two");
@@ -129,8 +129,8 @@ class RangeRing {
   alignas(kCacheLine) std::uint64_t head_ = 0;  // consumer only
 };
 
-// Most live threads a cache serves on its lock-free path (each has a dense index and a reader slot);
-// further threads take the slow path.
+// Most live threads a cache serves on its lock-free path (each has a dense index and a reader
+// slot); further threads take the slow path.
 inline constexpr int kMaxThreads = 1 << 16;
 
 }  // namespace gmd::rcache::detail

@@ -1,6 +1,7 @@
-// Invalidation source backed by UCX's libucm: memory-unmap events (munmap, mremap, shmdt, brk shrink,
-// madvise DONTNEED/FREE/REMOVE, mmap MAP_FIXED over a mapping) become InvalidationSink::invalidate().
-// Lives in its own target, gmd_rcache_ucm, so that gmd_rcache stays UCX-free.
+// Invalidation source backed by UCX's libucm: memory-unmap events (munmap, mremap, shmdt, brk
+// shrink, madvise DONTNEED/FREE/REMOVE, mmap MAP_FIXED over a mapping) become
+// InvalidationSink::invalidate(). Lives in its own target, gmd_rcache_ucm, so that gmd_rcache stays
+// UCX-free.
 //
 // Thread safety: subscribe()/unsubscribe() from any thread; events are delivered on the thread that
 // unmaps, before the memory goes away, possibly while that thread is inside the cache. Subscribing

@@ -1,5 +1,5 @@
-// A registration backend for tests that keeps an oracle of what is registered, by whom, and how often
-// it was deregistered. Thread-safe (one mutex); failures can be injected.
+// A registration backend for tests that keeps an oracle of what is registered, by whom, and how
+// often it was deregistered. Thread-safe (one mutex); failures can be injected.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -29,8 +29,8 @@ class FakeBackend final : public Backend {
     std::size_t length = 0;
     unsigned access = 0;
     MemType type = MemType::kHost;
-    std::uint64_t token = 0;         // from token_fn at registration time
-    std::atomic<int> holders{0};     // maintained by the test: hold() / release()
+    std::uint64_t token = 0;      // from token_fn at registration time
+    std::atomic<int> holders{0};  // maintained by the test: hold() / release()
     std::atomic<int> deregs{0};
   };
 
@@ -72,10 +72,10 @@ class FakeBackend final : public Backend {
       for (auto& r : records_) known = known || r.get() == rec;
       EXPECT_TRUE(known) << "dereg of a handle never registered";
       if (!known) return;
-      EXPECT_EQ(rec->deregs.load(), 0) << "double deregistration of [" << std::hex << rec->start
-                                       << ", +" << rec->length << ")";
-      EXPECT_EQ(rec->holders.load(), 0) << "deregistered while held: [" << std::hex << rec->start
-                                        << ", +" << rec->length << ")";
+      EXPECT_EQ(rec->deregs.load(), 0)
+          << "double deregistration of [" << std::hex << rec->start << ", +" << rec->length << ")";
+      EXPECT_EQ(rec->holders.load(), 0)
+          << "deregistered while held: [" << std::hex << rec->start << ", +" << rec->length << ")";
       if (rec->holders.load() != 0) premature_.fetch_add(1);
       rec->deregs.fetch_add(1);
       --live_;
@@ -130,9 +130,9 @@ class FakeBackend final : public Backend {
   void expectAllDeregisteredOnce() const {
     std::lock_guard<std::mutex> g(mutex_);
     for (const auto& r : records_) {
-      EXPECT_EQ(r->deregs.load(), 1) << "registration [" << std::hex << r->start << ", +"
-                                     << r->length << ") deregistered " << std::dec
-                                     << r->deregs.load() << " times";
+      EXPECT_EQ(r->deregs.load(), 1)
+          << "registration [" << std::hex << r->start << ", +" << r->length << ") deregistered "
+          << std::dec << r->deregs.load() << " times";
     }
   }
 

@@ -1,6 +1,8 @@
-// Unit tests of gmd's registration cache: one test (or more) per rule of the design notes, through a
-// fake backend whose oracle knows who registered what. No real memory is touched here (the backend
-// does not read it); rcache_ucm_test.cc covers real system calls.
+// Unit tests of gmd's registration cache: one test (or more) per rule of the design notes, through
+// a fake backend whose oracle knows who registered what. No real memory is touched here (the
+// backend does not read it); rcache_ucm_test.cc covers real system calls.
+#include "rcache/rcache.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,7 +15,6 @@
 
 #include "gtest/rcache/fake_backend.h"
 #include "gtest/rcache/stress.h"
-#include "rcache/rcache.h"
 
 namespace gmd::rcache::test {
 namespace {
@@ -51,7 +52,8 @@ class RcacheTest : public ::testing::Test {
   std::unique_ptr<Cache> cache_;
 };
 
-// ---- Rule 1: page alignment -----------------------------------------------------------------------
+// ---- Rule 1: page alignment
+// -----------------------------------------------------------------------
 
 TEST_F(RcacheTest, Rule1AlignsOutwardsToPages) {
   Region* r = nullptr;
@@ -77,7 +79,8 @@ TEST_F(RcacheTest, Rule1AlignmentIsConfigurable) {
   put(r);
 }
 
-// ---- Rule 2: hits need coverage and access; a hit takes a reference ----------------------------------
+// ---- Rule 2: hits need coverage and access; a hit takes a reference
+// ----------------------------------
 
 TEST_F(RcacheTest, Rule2HitNeedsFullCoverage) {
   Region* a = get(0, 3);
@@ -132,7 +135,8 @@ TEST_F(RcacheTest, Rule2HeldRegionIsNotDeregisteredUntilReleased) {
   EXPECT_EQ(be_.premature(), 0);
 }
 
-// ---- Rule 3: overlapping misses register the union --------------------------------------------------
+// ---- Rule 3: overlapping misses register the union
+// --------------------------------------------------
 
 TEST_F(RcacheTest, Rule3OverlapRegistersUnionAndKeepsOldForHolder) {
   Region* a = get(0, 2, kAccessLocalRead);
@@ -167,7 +171,8 @@ TEST_F(RcacheTest, Rule3UnusedOverlappedRegionsAreDeregistered) {
   EXPECT_EQ(cache_->stats().regions, 1u);
 }
 
-// ---- Rule 4: invalidation -------------------------------------------------------------------------
+// ---- Rule 4: invalidation
+// -------------------------------------------------------------------------
 
 thread_local bool tls_inside_invalidate = false;
 
@@ -178,7 +183,7 @@ TEST_F(RcacheTest, Rule4InvalidateNeverDeregistersInside) {
   invalidate(0, 16);
   tls_inside_invalidate = false;
   EXPECT_EQ(be_.deregsInForbidden(), 0);
-  EXPECT_EQ(be_.live(), 8);  // queued, not yet deregistered
+  EXPECT_EQ(be_.live(), 8);                // queued, not yet deregistered
   EXPECT_EQ(cache_->stats().regions, 0u);  // ... but they left the index at once
   EXPECT_EQ(cache_->stats().invalidations_unused, 8u);
   cache_->progress();
@@ -222,7 +227,8 @@ TEST_F(RcacheTest, Rule4InvalidateOfUnrelatedRangeKeepsRegion) {
   put(b);
 }
 
-// ---- Rule 5: the seed scenario ----------------------------------------------------------------------
+// ---- Rule 5: the seed scenario
+// ----------------------------------------------------------------------
 
 TEST_F(RcacheTest, SeedScenarioPageRemappedYieldsNewRegistration) {
   // Register pages 0-2, then page 1 (a hit).
@@ -261,7 +267,8 @@ TEST_F(RcacheTest, Rule5InvalidRegionNeverReturnedAgain) {
   EXPECT_EQ(ra->deregs.load(), 1);
 }
 
-// ---- Rule 6: limits, LRU eviction, resource failures ------------------------------------------------
+// ---- Rule 6: limits, LRU eviction, resource failures
+// ------------------------------------------------
 
 TEST_F(RcacheTest, Rule6MaxRegionsEvictsLeastRecentlyUsed) {
   Config cfg;
@@ -357,7 +364,8 @@ TEST_F(RcacheTest, Rule6NoResourceTwiceFailsWithClearStatus) {
   EXPECT_EQ(cache_->stats().pinned_bytes, 0u);
 }
 
-// ---- Rule 7: a failed registration leaves nothing behind ---------------------------------------------
+// ---- Rule 7: a failed registration leaves nothing behind
+// ---------------------------------------------
 
 TEST_F(RcacheTest, Rule7FailedRegistrationLeavesNothing) {
   be_.failNext(Status::kIoError);
@@ -381,10 +389,12 @@ TEST_F(RcacheTest, Rule7FailedMergeKeepsExistingRegions) {
   put(b);
 }
 
-// ---- Rule 8: concurrency and re-entrancy ------------------------------------------------------------
+// ---- Rule 8: concurrency and re-entrancy
+// ------------------------------------------------------------
 
 TEST_F(RcacheTest, Rule8ReentrantInvalidateFromDeregistration) {
-  // A deregistration that unmaps memory raises an invalidation on the same thread, inside the cache.
+  // A deregistration that unmaps memory raises an invalidation on the same thread, inside the
+  // cache.
   Region* victim = get(10, 1);
   FakeBackend::Record* rv = FakeBackend::record(victim);
   put(victim);
@@ -472,7 +482,8 @@ TEST_F(RcacheTest, Rule8ConcurrentInvalidateAndGet) {
   be_.expectAllDeregisteredOnce();
 }
 
-// ---- Rule 9: fork ---------------------------------------------------------------------------------
+// ---- Rule 9: fork
+// ---------------------------------------------------------------------------------
 
 TEST_F(RcacheTest, Rule9ForkChildNeverUsesParentRegistrations) {
   Region* cached = get(0, 1);
@@ -515,9 +526,9 @@ TEST_F(RcacheTest, Rule9ForkChildNeverUsesParentRegistrations) {
 // ---- Rule 10: counters -------------------------------------------------------------------------
 
 TEST_F(RcacheTest, Rule10CountersTrackEveryEvent) {
-  Region* a = get(0, 2);   // miss
-  Region* b = get(1, 1);   // hit
-  Region* c = get(1, 3);   // miss + merge of a (held: deferred): c covers pages 0-3
+  Region* a = get(0, 2);  // miss
+  Region* b = get(1, 1);  // hit
+  Region* c = get(1, 3);  // miss + merge of a (held: deferred): c covers pages 0-3
   put(b);
   put(c);
   Region* d = get(10, 1);  // miss
@@ -620,7 +631,8 @@ TEST_F(RcacheTest, DestroyDeregistersEverythingOnce) {
 }  // namespace
 }  // namespace gmd::rcache::test
 
-// ---- Randomised stress (explicit invalidation before each unmap) ----------------------------------
+// ---- Randomised stress (explicit invalidation before each unmap)
+// ----------------------------------
 
 namespace gmd::rcache::test {
 namespace {

@@ -132,8 +132,8 @@ TEST_F(RcacheUcmTest, BrkShrinkAndRegrow) {
   (void)getPut(mapPages(1), kPage);  // warm the cache's own allocations up
   const std::size_t len = 8 * kPage;
   char* top = static_cast<char*>(sbrk(0));
-  char* start = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(top) + kPage - 1) &
-                                        ~(kPage - 1));
+  char* start =
+      reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(top) + kPage - 1) & ~(kPage - 1));
   ASSERT_NE(sbrk(static_cast<intptr_t>(start + len - top)), reinterpret_cast<void*>(-1));
   std::memset(start, 1, len);
   expectChangeInvalidates(start, len, [&] {
@@ -158,7 +158,7 @@ TEST_F(RcacheUcmTest, SeedScenarioWithRealUnmap) {
   FakeBackend::hold(page1);
   FakeBackend::release(whole);
   cache_->put(whole);
-  ASSERT_EQ(munmap(p + 2 * kPage, kPage), 0);                         // page 2 unmapped...
+  ASSERT_EQ(munmap(p + 2 * kPage, kPage), 0);                                 // page 2 unmapped...
   ASSERT_EQ(mapPages(1, p + 2 * kPage, MAP_FIXED_NOREPLACE), p + 2 * kPage);  // ...and mapped anew
   FakeBackend::Record* again = getPut(p, 3 * kPage);
   EXPECT_NE(again, old_rec);

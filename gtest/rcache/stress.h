@@ -5,9 +5,9 @@
 // A pool of slots (a few pages each, separated by inaccessible guard pages so that no region can
 // span two slots). Threads register sub-ranges of slots (sometimes two overlapping ones at once, so
 // pages are shared by in-flight buffers), replace a slot's pages (mmap MAP_FIXED over it, or
-// madvise(MADV_DONTNEED)), invalidate ranges without touching memory, and call progress(). Each page
-// carries a token in its first word that changes whenever the page is replaced; the backend records
-// the token at registration time, so a hit on a region with an old token is a stale hit.
+// madvise(MADV_DONTNEED)), invalidate ranges without touching memory, and call progress(). Each
+// page carries a token in its first word that changes whenever the page is replaced; the backend
+// records the token at registration time, so a hit on a region with an old token is a stale hit.
 //
 // Seeded (GMD_STRESS_SEED, default 20260601) and bounded in time (GMD_STRESS_SECONDS, default 3):
 // the operation sequence of each thread is reproducible, the interleaving is not.
@@ -92,9 +92,8 @@ class StressPool {
 inline void runStress(Cache* cache, FakeBackend* be, StressPool* pool, const StressOptions& opt) {
   using Clock = std::chrono::steady_clock;
   const std::uint64_t seed = stressSeed();
-  const auto deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                         std::chrono::duration<double>(stressSeconds()));
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(stressSeconds()));
   ::testing::Test::RecordProperty("seed", std::to_string(seed));
   be->tokenFn([](std::uintptr_t start) { return *reinterpret_cast<std::uint64_t*>(start); });
   std::atomic<long> stale{0}, ops{0}, gets{0};
@@ -107,8 +106,8 @@ inline void runStress(Cache* cache, FakeBackend* be, StressPool* pool, const Str
       const std::size_t np = 1 + rng() % (StressPool::kSlotPages - p0);
       char* addr = pool->slot(s) + p0 * kP + rng() % 64;
       const std::size_t len = np * kP - 64;
-      const unsigned access = (rng() % 4 == 0) ? (kAccessLocalRead | kAccessRemoteWrite)
-                                               : kAccessLocalRead;
+      const unsigned access =
+          (rng() % 4 == 0) ? (kAccessLocalRead | kAccessRemoteWrite) : kAccessLocalRead;
       Region* r = nullptr;
       const Status st = cache->get(addr, len, access, MemType::kHost, be, &r);
       if (st != Status::kOk) {
@@ -177,14 +176,15 @@ inline void runStress(Cache* cache, FakeBackend* be, StressPool* pool, const Str
   const Stats st = cache->stats();
   EXPECT_EQ(st.regions, 0u);
   EXPECT_EQ(st.pinned_bytes, 0u);
-  std::printf("stress: seed %llu, %ld ops, %ld gets, %llu hits, %llu misses, %llu merges, "
-              "%llu invalidations (%llu in use), %llu deferred\n",
-              static_cast<unsigned long long>(seed), ops.load(), gets.load(),
-              static_cast<unsigned long long>(st.hits), static_cast<unsigned long long>(st.misses),
-              static_cast<unsigned long long>(st.merges),
-              static_cast<unsigned long long>(st.invalidations_unused + st.invalidations_in_use),
-              static_cast<unsigned long long>(st.invalidations_in_use),
-              static_cast<unsigned long long>(st.deferred_deregs));
+  std::printf(
+      "stress: seed %llu, %ld ops, %ld gets, %llu hits, %llu misses, %llu merges, "
+      "%llu invalidations (%llu in use), %llu deferred\n",
+      static_cast<unsigned long long>(seed), ops.load(), gets.load(),
+      static_cast<unsigned long long>(st.hits), static_cast<unsigned long long>(st.misses),
+      static_cast<unsigned long long>(st.merges),
+      static_cast<unsigned long long>(st.invalidations_unused + st.invalidations_in_use),
+      static_cast<unsigned long long>(st.invalidations_in_use),
+      static_cast<unsigned long long>(st.deferred_deregs));
 }
 
 }  // namespace gmd::rcache::test
