@@ -9,6 +9,7 @@
 #include "md/mapping.h"
 #include "md/md.h"
 #include "md/md_config.h"
+#include "md/rc/rc_iface.h"
 #include "md/ucx_abi.h"
 
 namespace gmd::md {
@@ -122,6 +123,7 @@ __attribute__((constructor)) void registerComponent() {
     return;
   }
   ucs_list_head_init(&g_component.tl_list);
+  uct_tl_register(&g_component, rc::transport());
   uct_component_register(&g_component);
 }
 

@@ -127,6 +127,70 @@ struct Transport {
   ucs_list_link_t list;
 };
 
+
+// --- Interfaces and endpoints (uct/base/uct_iface.h, uct/base/uct_worker.h at 1.13.1) -------------
+//
+// libuct's own functions dereference an iface beyond its ops table (uct_iface_set_am_handler,
+// uct_iface_estimate_perf, uct_iface_mem_alloc, uct_iface_handle_ep_err, the progress helpers), so a
+// transport's iface must start with this base (uct_iface_t holds the ops table by value). An endpoint only needs uct_ep_t (its iface pointer).
+// Built without statistics (Debian's UCX has no ENABLE_STATS), so no stats node follows the config.
+
+// The transport-independent part of every iface configuration (uct_iface_config_table fills it).
+struct IfaceConfigBase {
+  struct {
+    uct_alloc_method_t* methods;
+    unsigned count;
+  } alloc_methods;
+  int failure;  // ucs_log_level_t
+  size_t max_num_eps;
+};
+
+struct IfaceInternalOps {
+  ucs_status_t (*iface_estimate_perf)(uct_iface_h iface, void* perf_attr);  // uct_perf_attr_t*
+  void (*iface_vfs_refresh)(uct_iface_h iface);
+  ucs_status_t (*ep_query)(uct_ep_h ep, uct_ep_attr_t* ep_attr);
+  ucs_status_t (*ep_invalidate)(uct_ep_h ep, unsigned flags);
+};
+
+struct AmHandler {
+  uct_am_callback_t cb;
+  void* arg;
+  uint32_t flags;
+};
+
+struct WorkerProgress {
+  uct_worker_cb_id_t id;  // UCS_CALLBACKQ_ID_NULL when not registered
+  uint32_t refcount;
+};
+
+struct BaseIface {
+  uct_iface_t super;
+  IfaceInternalOps* internal_ops;
+  uct_md_h md;
+  uct_worker_h worker;  // libuct's private worker starts with the public one
+  AmHandler am[UCT_AM_ID_MAX];
+  uct_am_tracer_t am_tracer;
+  void* am_tracer_arg;
+  uct_error_handler_t err_handler;
+  void* err_handler_arg;
+  uint32_t err_handler_flags;
+  WorkerProgress prog;
+  unsigned progress_flags;  // UCT_PROGRESS_* currently enabled
+  struct {
+    unsigned num_alloc_methods;
+    uct_alloc_method_t alloc_methods[UCT_ALLOC_METHOD_LAST];
+    ucs_log_level_t failure_level;
+    size_t max_num_eps;
+  } config;
+};
+static_assert(sizeof(uct_iface_t) == 50 * sizeof(void*), "UCX 1.13 iface ops layout");
+static_assert(offsetof(BaseIface, internal_ops) == 400, "UCX 1.13 base iface layout");
+static_assert(offsetof(BaseIface, am) == 424, "UCX 1.13 base iface layout");
+static_assert(offsetof(BaseIface, err_handler) == 424 + 24 * UCT_AM_ID_MAX + 16,
+              "UCX 1.13 base iface layout");
+static_assert(offsetof(BaseIface, progress_flags) == 1236, "UCX 1.13 base iface layout");
+static_assert(sizeof(BaseIface) == 1280, "UCX 1.13 base iface layout");
+
 }  // namespace gmd::ucx
 
 // Exported by libuct 1.13 but declared only in headers it does not install.
@@ -137,4 +201,12 @@ extern ucs_config_field_t uct_md_config_table[];
 ucs_status_t uct_md_mem_dereg_v2(uct_md_h md, const gmd::ucx::DeregParams* params);
 ucs_status_t uct_md_mkey_pack_v2(uct_md_h md, uct_mem_h memh,
                                  const gmd::ucx::MkeyPackParams* params, void* rkey_buffer);
+// Links a transport into component->tl_list and its config entry into UCX's global config list.
+void uct_tl_register(gmd::ucx::Component* component, gmd::ucx::Transport* tl);
+extern ucs_config_field_t uct_iface_config_table[];  // fills IfaceConfigBase
+extern gmd::ucx::IfaceInternalOps uct_base_iface_internal_ops;  // default internal ops
+void uct_base_iface_progress_enable(uct_iface_h iface, unsigned flags);
+void uct_base_iface_progress_disable(uct_iface_h iface, unsigned flags);
+// Calls the iface's error handler (BaseIface::err_handler) for a failed endpoint.
+ucs_status_t uct_iface_handle_ep_err(uct_iface_h iface, uct_ep_h ep, ucs_status_t status);
 }

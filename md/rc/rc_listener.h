@@ -1,0 +1,55 @@
+// The accepting side of gmd_rc connections: one TCP listener and one thread per iface.
+//
+// For each incoming handshake the thread creates a passive RC QP on the iface's protection domain,
+// connects it to the requester's QP (RTR, RTS) and answers with its own QP number. It keeps the TCP
+// connection and destroys the QP when the peer closes it (endpoint destroyed, process gone). Passive
+// QPs are only targets of RDMA WRITE/READ: nothing is ever posted on them.
+//
+// Thread safety: start() and the destructor from the iface's thread; everything else runs on the
+// listener thread. Verbs calls are thread-safe.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <ucs/type/status.h>
+
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "md/rc/rc_iface.h"
+
+namespace gmd::md::rc {
+
+class Listener {
+ public:
+  // `pd` and `cq` are the iface's; `cq` receives no completions (nothing is posted on passive QPs).
+  Listener(std::string name, ibv_pd* pd, ibv_cq* cq, const PortInfo& port, const QpSettings& s);
+  ~Listener();
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+
+  // Binds an ephemeral TCP port on every IPv4 address and starts the thread.
+  ucs_status_t start(std::uint16_t* port_be) noexcept;
+
+ private:
+  struct Conn {
+    int fd;
+    ibv_qp* qp;
+  };
+  void run() noexcept;
+  void accept() noexcept;
+  void closeConn(std::size_t i) noexcept;
+
+  std::string name_;
+  ibv_pd* pd_;
+  ibv_cq* cq_;
+  PortInfo port_;
+  QpSettings settings_;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd: the destructor asks the thread to stop
+  std::thread thread_;
+  std::vector<Conn> conns_;  // listener thread only (and the destructor after join)
+};
+
+}  // namespace gmd::md::rc

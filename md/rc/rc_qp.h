@@ -1,0 +1,36 @@
+// Verbs plumbing shared by gmd_rc's two connection sides: port and GID selection, the address the
+// connection listener is reached at, and RC QP state transitions.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <ucs/type/status.h>
+
+#include <string>
+
+#include "md/rc/rc_iface.h"
+#include "md/rc/rc_wire.h"
+
+namespace gmd::md::rc {
+
+// Port attributes, the GID to use (RoCE: `gid_index`, or when that is UCS_ULUNITS_AUTO the RoCEv2
+// IPv4-mapped GID first, then any RoCEv2, then RoCEv1; InfiniBand: index 0 unless configured) and the
+// IPv4 address of the listener (RoCE: the GID's own IPv4 address; else the first IPv4 address of an
+// up, non-loopback interface; else loopback). Logs and returns a status on failure.
+ucs_status_t queryPort(ibv_context* ctx, const std::string& dev, std::uint8_t port,
+                       unsigned long gid_index, PortInfo* info) noexcept;
+
+// The handshake describing our side of `qp`.
+Handshake localHandshake(const PortInfo& port, const ibv_qp* qp, std::uint32_t psn) noexcept;
+
+// A RC QP on `pd` whose send and receive completions go to `cq`; nullptr (errno set) on failure.
+ibv_qp* createQp(ibv_pd* pd, ibv_cq* cq, const QpSettings& s, unsigned max_send_wr) noexcept;
+
+// RESET → INIT → RTR → RTS, connected to `remote`. `responder` QPs accept RDMA WRITE/READ/atomics from
+// the peer; requester QPs accept nothing. On failure returns UCS_ERR_IO_ERROR with a reason in *why.
+ucs_status_t connectQp(ibv_qp* qp, const PortInfo& port, const QpSettings& s, bool responder,
+                       const Handshake& remote, std::uint32_t local_psn, std::string* why) noexcept;
+
+// A random 24-bit packet sequence number.
+std::uint32_t randomPsn() noexcept;
+
+}  // namespace gmd::md::rc
