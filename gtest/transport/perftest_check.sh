@@ -1,0 +1,47 @@
+#!/bin/bash
+# ucx_perftest at UCT level over gmd_rc, server and client as two processes: put_bw and get with
+# zero-copy at several sizes up to 8 MiB. The client runs on the second RDMA device when there is one
+# (rxe1 -> rxe0 in the soft-RoCE VM), else on the first.
+# Usage: perftest_check.sh PATH/TO/libuct_gmd.so
+set -u
+plugin=$1
+ulimit -l unlimited 2>/dev/null
+devs=($(ls /sys/class/infiniband 2>/dev/null))
+((${#devs[@]} > 0)) || { echo "FAIL: no RDMA devices"; exit 1; }
+server_dev=${devs[0]}:1
+client_dev=${devs[-1]}:1
+# The client reaches the server process at the IPv4 address of the server device's netdev (both run
+# on this machine, so loopback would do as well).
+nd=$(rdma link show "${devs[0]}/1" 2>/dev/null | sed -n 's/.*netdev \([^ ]*\).*/\1/p')
+server_ip=$(ip -4 -o addr show dev "${nd:-none}" 2>/dev/null | awk '{ sub("/.*", "", $4); print $4; exit }')
+server_ip=${server_ip:-127.0.0.1}
+port=13337
+fail=0
+export LD_PRELOAD=$plugin
+for test in put_bw get; do
+  for size in 4096 65536 1048576 8388608; do
+    iters=$((size >= 1048576 ? 40 : 400))
+    args=(-x gmd_rc -t "$test" -D zcopy -s "$size" -n "$iters" -w 4 -p "$port")
+    timeout 300 ucx_perftest -d "$server_dev" "${args[@]}" >server.log 2>&1 &
+    spid=$!
+    sleep 2
+    out=$(timeout 300 ucx_perftest "$server_ip" -d "$client_dev" "${args[@]}" 2>&1)
+    crc=$?
+    wait "$spid"
+    src=$?
+    line=$(echo "$out" | grep '^Final:')
+    if ((crc != 0 || src != 0)) || [[ -z $line ]]; then
+      echo "FAIL: $test size $size ($client_dev -> $server_dev): client rc=$crc server rc=$src"
+      echo "$out" | tail -n 5
+      tail -n 5 server.log
+      fail=1
+    else
+      # Final: iters, overhead 50%ile/avg/overall (us), bandwidth avg/overall (MB/s), rate avg/overall
+      echo "$test $size B $client_dev -> $server_dev: $(echo "$line" | awk '{ printf "%s MB/s, %s us/op", $7, $5 }')"
+    fi
+    port=$((port + 1))
+  done
+done
+rm -f server.log
+[ $fail -eq 0 ] && echo "PASS: ucx_perftest put_bw/get zcopy over gmd_rc"
+exit $fail
