@@ -249,6 +249,8 @@ ucs_status_t Md::open(ucx::Component* component, const char* name, const MdConfi
     md->cuda_backend_ = makeGpuDirect(name, md->pd_, config);
     md->registrar_ = std::make_unique<Registrar>(name, std::move(cache), md->host_backend_.get(),
                                                  md->cuda_backend_.get(), classify);
+    md->registrar_->setValidateDeviceHits(config.cuda_free_mode == kCudaFreeValidate ||
+                                          config.cuda_free_mode == kCudaFreeBoth);
 
     md->cpu_monitor_ = std::make_unique<rcache::UcmMonitor>(static_cast<int>(config.event_prio));
     if (rcache::Status st = md->cpu_monitor_->subscribe(&md->registrar_->cache());

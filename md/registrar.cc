@@ -38,6 +38,20 @@ ucs_status_t Registrar::reg(void* address, std::size_t length, unsigned flags,
     return UCS_ERR_INVALID_PARAM;
   }
 
+  // A hit needs no classification: the region already says what the memory is, and frees and unmaps
+  // remove regions before their range can change type. Device regions are re-checked when CUDA frees
+  // are validated by buffer ID rather than (only) hooked.
+  const unsigned access = toCacheAccess(flags);
+  rcache::Region* region = nullptr;
+  if (cache_->find(address, length, access, &region)) {
+    if (region->memType() == MemType::kHost || !validate_device_hits_) {
+      *memh_p = region;
+      return UCS_OK;
+    }
+    cache_->put(region);
+    region = nullptr;
+  }
+
   const memtype::Info info = classify_(address, length);
   rcache::Backend* backend = nullptr;
   switch (info.type) {
@@ -59,9 +73,7 @@ ucs_status_t Registrar::reg(void* address, std::size_t length, unsigned flags,
     return UCS_ERR_UNSUPPORTED;
   }
 
-  rcache::Region* region = nullptr;
-  const rcache::Status st =
-      cache_->get(address, length, toCacheAccess(flags), info.type, backend, &region);
+  const rcache::Status st = cache_->get(address, length, access, info.type, backend, &region);
   if (st != rcache::Status::kOk) {
     const int err = VerbsBackend::lastErrno();
     ucs_log(level, "gmd %s: mem_reg(address=%p length=%zu %s): %s%s%s", name_.c_str(), address,

@@ -37,6 +37,9 @@ class Registrar {
   ucs_status_t dereg(const ucx::DeregParams* params) noexcept;
 
   bool cudaRegistration() const noexcept { return cuda_ != nullptr; }
+  // Whether a cache hit on device memory must be classified again (buffer-ID validation of CUDA
+  // frees); host hits never are.
+  void setValidateDeviceHits(bool on) noexcept { validate_device_hits_ = on; }
   rcache::Cache& cache() noexcept { return *cache_; }
   const std::string& name() const noexcept { return name_; }
   // The line UCX_GMD_PRINT_STATS prints for this MD.
@@ -48,6 +51,7 @@ class Registrar {
   std::unique_ptr<CompletingBackend> host_;
   std::unique_ptr<CompletingBackend> cuda_;
   ClassifyFn classify_;
+  bool validate_device_hits_ = false;
 };
 
 }  // namespace gmd::md

@@ -335,6 +335,8 @@ class CacheImpl final : public Cache {
   Status get(const void* address, std::size_t length, unsigned access, MemType type,
              Backend* backend, Region** region) noexcept override;
   void put(Region* region) noexcept override;
+  bool find(const void* address, std::size_t length, unsigned access,
+            Region** region) noexcept override;
   void invalidate(const void* address, std::size_t length) noexcept override;
   void progress() noexcept override;
   Stats stats() const noexcept override;
@@ -356,6 +358,8 @@ class CacheImpl final : public Cache {
 
   Status checkRequest(const void* address, std::size_t length, unsigned access,
                       const Backend* backend, Region* const* region, Request* rq) const noexcept;
+  bool fastHit(const Request& rq, unsigned access, MemType type, const Backend* backend,
+               bool any_kind, Region** region) noexcept;
   Status getSlow(const Request& rq, unsigned access, MemType type, Backend* backend,
                  Region** out) noexcept;
   ReaderSlot* readerSlot(int index) noexcept;
@@ -631,27 +635,49 @@ Status CacheImpl::get(const void* address, std::size_t length, unsigned access, 
     rq.start = addr & ~mask;
     rq.end = (last | mask) + 1;
   }
-  ReaderSlot* slot = mySlot();
-  if (__builtin_expect(slot != nullptr && attention_.load(std::memory_order_acquire) == 0, 1)) {
-    readerEnter(slot->epoch, epoch_.load(std::memory_order_acquire));
-    const Snapshot* snap = index_.load(std::memory_order_seq_cst);
-    const std::size_t i = snap->floor(rq.start);
-    bool hit = false;
-    std::uint64_t prev = 0;
-    RegionImpl* r = nullptr;
-    if (i != snap->size && snap->entries()[i].end >= rq.end) {
-      r = snap->entries()[i].region;
-      hit = r->matches(access, type, backend) && r->tryAcquire(&prev);
-    }
-    slot->epoch.store(0, std::memory_order_release);
-    if (hit) {
-      bump(slot->hits, std::uint64_t{1});
-      if (prev == 0) addUnused(slot, -static_cast<std::int64_t>(r->length()));
-      *region = r;
-      return Status::kOk;
-    }
-  }
+  if (fastHit(rq, access, type, backend, false, region)) return Status::kOk;
   return getSlow(rq, access, type, backend, region);
+}
+
+// The lock-free hit: a valid region covering rq with `access` (and, unless any_kind, registered as
+// `type` through `backend`), acquired. False when there is none or pending work must run first.
+inline bool CacheImpl::fastHit(const Request& rq, unsigned access, MemType type,
+                               const Backend* backend, bool any_kind, Region** region) noexcept {
+  ReaderSlot* slot = mySlot();
+  if (__builtin_expect(slot == nullptr || attention_.load(std::memory_order_acquire) != 0, 0)) {
+    return false;
+  }
+  readerEnter(slot->epoch, epoch_.load(std::memory_order_acquire));
+  const Snapshot* snap = index_.load(std::memory_order_seq_cst);
+  const std::size_t i = snap->floor(rq.start);
+  bool hit = false;
+  std::uint64_t prev = 0;
+  RegionImpl* r = nullptr;
+  if (i != snap->size && snap->entries()[i].end >= rq.end) {
+    r = snap->entries()[i].region;
+    hit = (any_kind ? (r->access() & access) == access : r->matches(access, type, backend)) &&
+          r->tryAcquire(&prev);
+  }
+  slot->epoch.store(0, std::memory_order_release);
+  if (!hit) return false;
+  bump(slot->hits, std::uint64_t{1});
+  if (prev == 0) addUnused(slot, -static_cast<std::int64_t>(r->length()));
+  *region = r;
+  return true;
+}
+
+bool CacheImpl::find(const void* address, std::size_t length, unsigned access,
+                     Region** region) noexcept {
+  const auto addr = reinterpret_cast<std::uintptr_t>(address);
+  const std::uintptr_t mask = config_.alignment - 1;
+  std::uintptr_t last;
+  if (length - 1 >= kMaxRequestLength || (access & ~static_cast<unsigned>(kAccessAll)) != 0 ||
+      region == nullptr || __builtin_add_overflow(addr, length - 1, &last) ||
+      last >= UINTPTR_MAX - mask) {
+    return false;
+  }
+  const Request rq{addr & ~mask, (last | mask) + 1};
+  return fastHit(rq, access, MemType::kHost, nullptr, true, region);
 }
 
 void CacheImpl::put(Region* region) noexcept {

@@ -148,7 +148,14 @@ class Cache : public InvalidationSink {
   // `backend` as memory of `type`. On kOk *region is held until put(). On failure nothing changes.
   virtual Status get(const void* address, std::size_t length, unsigned access, MemType type,
                      Backend* backend, Region** region) noexcept = 0;
-  // Release a hold taken by get(). May deregister (if the region was invalidated or evicted).
+  // Hit-only lookup for callers that want to skip work a miss needs (md/ classifies the memory type
+  // only on a miss): a valid region covering the aligned range with `access`, whatever its memory
+  // type and backend (a virtual address is host or device memory, never both at once; freed ranges
+  // have left the index). On a hit takes a hold (released with put()) and counts a hit; otherwise
+  // returns false and changes nothing, including when deferred invalidations are pending.
+  virtual bool find(const void* address, std::size_t length, unsigned access,
+                    Region** region) noexcept = 0;
+  // Release a hold taken by get() or find(). May deregister (if the region was invalidated or evicted).
   virtual void put(Region* region) noexcept = 0;
   // Memory in [address, address + length) is about to be unmapped or freed. Safe inside hooks.
   void invalidate(const void* address, std::size_t length) noexcept override = 0;

@@ -61,7 +61,9 @@ class FakeBackend : public rcache::Backend {
 // The fake classifier: addresses inside [g_dev_lo, g_dev_hi) are device memory, inside
 // [g_managed_lo, g_managed_hi) managed.
 std::uintptr_t g_dev_lo, g_dev_hi, g_managed_lo, g_managed_hi;
+int g_classified = 0;
 memtype::Info fakeClassify(const void* address, std::size_t) {
+  ++g_classified;
   const auto a = reinterpret_cast<std::uintptr_t>(address);
   memtype::Info info;
   if (a >= g_dev_lo && a < g_dev_hi) {
@@ -229,6 +231,32 @@ TEST_F(RegistrarTest, DeregParamsAreChecked) {
   EXPECT_EQ(UCS_ERR_INVALID_PARAM, dereg(memh, ucx::kDeregFlagInvalidate, nullptr));
   EXPECT_EQ(UCS_ERR_INVALID_PARAM, dereg(memh, 0x80));
   EXPECT_EQ(UCS_OK, dereg(memh));
+}
+
+TEST_F(RegistrarTest, HitsSkipClassificationUnlessDeviceHitsAreValidated) {
+  uct_mem_h a = nullptr, b = nullptr, d = nullptr, e = nullptr;
+  g_classified = 0;
+  ASSERT_EQ(UCS_OK, reg_->reg(at(7), 2 * kPage, UCT_MD_MEM_ACCESS_RMA, &a));
+  ASSERT_EQ(UCS_OK, reg_->reg(at(7, 100), kPage, UCT_MD_MEM_ACCESS_RMA, &b));
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(1, g_classified) << "a host hit was classified";
+  ASSERT_EQ(UCS_OK, reg_->reg(at(34), kPage, UCT_MD_MEM_ACCESS_RMA, &d));
+  ASSERT_EQ(UCS_OK, reg_->reg(at(34), kPage, UCT_MD_MEM_ACCESS_RMA, &e));
+  EXPECT_EQ(d, e);
+  EXPECT_EQ(2, g_classified) << "hooks mode: a device hit needs no classification";
+  EXPECT_EQ(UCS_OK, dereg(e));
+  reg_->setValidateDeviceHits(true);
+  ASSERT_EQ(UCS_OK, reg_->reg(at(34), kPage, UCT_MD_MEM_ACCESS_RMA, &e));
+  EXPECT_EQ(d, e);
+  EXPECT_EQ(3, g_classified) << "validate mode: a device hit is classified (buffer-ID check)";
+  ASSERT_EQ(UCS_OK, reg_->reg(at(7), kPage, UCT_MD_MEM_ACCESS_RMA, &b));
+  EXPECT_EQ(3, g_classified) << "validate mode: host hits are still not classified";
+  // A hit never widens access: a write request on a read-only region is a miss (merged).
+  uct_mem_h ro = nullptr, rw = nullptr;
+  ASSERT_EQ(UCS_OK, reg_->reg(at(20), kPage, UCT_MD_MEM_ACCESS_REMOTE_GET, &ro));
+  ASSERT_EQ(UCS_OK, reg_->reg(at(20), kPage, UCT_MD_MEM_ACCESS_REMOTE_PUT, &rw));
+  EXPECT_NE(ro, rw);
+  for (uct_mem_h m : {a, b, d, e, ro, rw}) EXPECT_EQ(UCS_OK, dereg(m));
 }
 
 TEST_F(RegistrarTest, StatsLineHasTheDocumentedFields) {

@@ -125,6 +125,24 @@ TEST_F(RcacheTest, Rule2HitNeedsSameBackendAndMemType) {
   other.expectAllDeregisteredOnce();
 }
 
+TEST_F(RcacheTest, Rule2FindHitsOnlyValidCoveringRegionsWithAccess) {
+  Region* a = get(0, 3, kAccessLocalRead | kAccessRemoteRead);
+  put(a);
+  Region* r = nullptr;
+  ASSERT_TRUE(cache_->find(at(1), kPage, kAccessRemoteRead, &r));
+  EXPECT_EQ(a, r);
+  EXPECT_FALSE(cache_->find(at(1), kPage, kAccessRemoteWrite, &r)) << "access not held";
+  EXPECT_FALSE(cache_->find(at(2), 2 * kPage, kAccessLocalRead, &r)) << "not covered";
+  EXPECT_FALSE(cache_->find(at(1), 0, kAccessLocalRead, &r)) << "zero length";
+  cache_->put(a);  // the hold find() took
+  const Stats s = cache_->stats();
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.misses, 1u) << "find() misses are not counted";
+  invalidate(0, 1);
+  EXPECT_FALSE(cache_->find(at(1), kPage, kAccessLocalRead, &r)) << "invalidated region found";
+  EXPECT_EQ(be_.regCalls(), 1) << "find() never registers";
+}
+
 TEST_F(RcacheTest, Rule2HeldRegionIsNotDeregisteredUntilReleased) {
   Region* a = get(0, 1);
   invalidate(0, 1);
