@@ -9,6 +9,12 @@
 //                          get is a real miss and both caches stay empty
 //   RcacheInvalidate_*     invalidate a range covering 64 cached regions, then one hit on another
 //                          range (which is where ucs_rcache applies queued invalidations)
+//   RcacheMissLarge_*/N    RcacheMiss with N unused one-page regions already cached (the new page
+//                          lies between two of them), so the cost of a miss and an invalidation
+//                          as the index grows
+//   RcacheEvictLarge_*/N   a cache limited to N regions, full of N unused ones: every get is a
+//                          miss that must evict the least recently released region, then release
+//   RcacheHitLargeN_*/N    RcacheHit on one region among N cached ones
 //
 // ucs_rcache receives its invalidation through libucm's event dispatch (ucm_vm_munmap, with the
 // unmap event declared external so that no hook is installed); gmd through Cache::invalidate().
@@ -16,10 +22,13 @@
 #include <dlfcn.h>
 #include <sys/mman.h>
 
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <utility>
 
 #include "rcache/rcache.h"
 
@@ -58,6 +67,26 @@ char* hitBuffer(int thread) { return arena() + static_cast<std::size_t>(thread) 
 char* missBase() { return arena() + (std::size_t{64} << 20); }
 char* invBase() { return arena() + (std::size_t{512} << 20); }
 
+// The large-cache benchmarks use their own reserved (never touched) range: up to 2 x 100,000
+// one-page regions, two pages apart.
+constexpr std::size_t kLargeStride = 2 * 4096;
+char* largeArena() {
+  static char* a = [] {
+    const std::size_t len = std::size_t{4} << 30;
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      std::perror("mmap large arena");
+      std::abort();
+    }
+    return static_cast<char*>(p);
+  }();
+  return a;
+}
+// Slot k of the large arena: even pages hold the cached regions, odd ones the misses.
+char* largeSlot(std::size_t k) { return largeArena() + k * kLargeStride; }
+char* largeGap(std::size_t k) { return largeSlot(k) + 4096; }
+
 // ---- gmd
 // ------------------------------------------------------------------------------------------
 
@@ -74,9 +103,11 @@ class NopBackend final : public rc::Backend {
 
 NopBackend g_nop;
 
-std::unique_ptr<rc::Cache> makeGmd(std::size_t max_regions = SIZE_MAX) {
+std::unique_ptr<rc::Cache> makeGmd(std::size_t max_regions = SIZE_MAX,
+                                   std::size_t max_unused_bytes = rc::Config{}.max_unused_bytes) {
   rc::Config cfg;
   cfg.max_regions = max_regions;
+  cfg.max_unused_bytes = max_unused_bytes;
   std::unique_ptr<rc::Cache> c;
   if (rc::Cache::create(cfg, &c) != rc::Status::kOk) std::abort();
   return c;
@@ -94,10 +125,15 @@ inline rc::Region* gmdGet(rc::Cache* c, void* p, std::size_t len) {
 // ---- ucs_rcache
 // -----------------------------------------------------------------------------------
 
+// Registrations and deregistrations ucs_rcache asked for (the benchmarks are single-threaded).
+std::uint64_t g_ucs_regs = 0;
+std::uint64_t g_ucs_deregs = 0;
+
 ucs_status_t ucsNopReg(void*, ucs_rcache_t*, void*, ucs_rcache_region_t*, uint16_t) {
+  ++g_ucs_regs;
   return UCS_OK;
 }
-void ucsNopDereg(void*, ucs_rcache_t*, ucs_rcache_region_t*) {}
+void ucsNopDereg(void*, ucs_rcache_t*, ucs_rcache_region_t*) { ++g_ucs_deregs; }
 void ucsNopDump(void*, ucs_rcache_t*, ucs_rcache_region_t*, char* buf, size_t max) {
   if (max > 0) buf[0] = '\0';
 }
@@ -124,7 +160,10 @@ const UcmApi& ucm() {
   return api;
 }
 
-ucs_rcache_t* makeUcs(unsigned long max_regions = ULONG_MAX) {
+// ucs_rcache 1.13 applies max_regions (LRU eviction) only to caches created without
+// UCS_RCACHE_FLAG_NO_PFN_CHECK; with UCX's default UCX_RCACHE_CHECK_PFN=0 no page frame is checked
+// either way, so the eviction benchmark drops the flag.
+ucs_rcache_t* makeUcs(unsigned long max_regions = ULONG_MAX, bool evict = false) {
   ucm();
   ucs_rcache_params_t p = {};
   p.region_struct_size = sizeof(ucs_rcache_region_t);
@@ -134,7 +173,7 @@ ucs_rcache_t* makeUcs(unsigned long max_regions = ULONG_MAX) {
   p.ucm_event_priority = 1000;
   p.ops = &kUcsOps;
   p.context = nullptr;
-  p.flags = UCS_RCACHE_FLAG_NO_PFN_CHECK;
+  p.flags = evict ? 0 : UCS_RCACHE_FLAG_NO_PFN_CHECK;
   p.max_regions = max_regions;
   p.max_size = SIZE_MAX;
   p.max_unreleased = SIZE_MAX;
@@ -280,5 +319,124 @@ void RcacheInvalidate_ucs(benchmark::State& state) {
   ucs_rcache_destroy(c);
 }
 BENCHMARK(RcacheInvalidate_ucs);
+
+// ---- Large caches
+// ---------------------------------------------------------------------------------
+
+// Populating 100,000 regions takes a while, and Google Benchmark calls a benchmark function several
+// times (to size its iteration count, then per repetition): each cache is built once per process
+// and N, and every iteration leaves it as it found it (N unused regions).
+struct LargeGmd {
+  std::unique_ptr<rc::Cache> cache;
+  std::size_t next = 0;  // eviction: next slot to register
+};
+struct LargeUcs {
+  ucs_rcache_t* cache = nullptr;
+  std::size_t next = 0;
+};
+
+// N unused regions in slots 0..N-1, released in slot order (slot 0 is the least recently used).
+LargeGmd& largeGmd(std::size_t n, bool limited) {
+  static std::map<std::pair<std::size_t, bool>, LargeGmd> caches;
+  LargeGmd& l = caches[{n, limited}];
+  if (!l.cache) {
+    l.cache = makeGmd(limited ? n : SIZE_MAX, SIZE_MAX);
+    for (std::size_t k = 0; k < n; ++k) l.cache->put(gmdGet(l.cache.get(), largeSlot(k), 4096));
+    l.next = n;
+  }
+  return l;
+}
+LargeUcs& largeUcs(std::size_t n, bool limited) {
+  static std::map<std::pair<std::size_t, bool>, LargeUcs> caches;
+  LargeUcs& l = caches[{n, limited}];
+  if (l.cache == nullptr) {
+    l.cache = makeUcs(limited ? n : ULONG_MAX, limited);
+    for (std::size_t k = 0; k < n; ++k)
+      ucs_rcache_region_put(l.cache, ucsGet(l.cache, largeSlot(k), 4096));
+    l.next = n;
+  }
+  return l;
+}
+
+void RcacheMissLarge_gmd(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  rc::Cache* c = largeGmd(n, false).cache.get();
+  std::size_t i = 0;
+  for (auto _ : state) {
+    char* p = largeGap((i++ * 7919) % n);  // spread over the index
+    rc::Region* r = gmdGet(c, p, 4096);
+    c->invalidate(p, 4096);
+    c->put(r);
+  }
+  state.counters["regions"] = static_cast<double>(c->stats().regions);
+}
+BENCHMARK(RcacheMissLarge_gmd)->Arg(1000)->Arg(10000)->Arg(100000);
+
+void RcacheMissLarge_ucs(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  ucs_rcache_t* c = largeUcs(n, false).cache;
+  std::size_t i = 0;
+  for (auto _ : state) {
+    char* p = largeGap((i++ * 7919) % n);
+    ucs_rcache_region_t* r = ucsGet(c, p, 4096);
+    ucs_rcache_region_invalidate(c, r, ucsInvalidated, nullptr);
+    ucs_rcache_region_put(c, r);
+  }
+}
+BENCHMARK(RcacheMissLarge_ucs)->Arg(1000)->Arg(10000)->Arg(100000);
+
+// Slots cycle over 2N: iteration i registers slot (N + i) mod 2N, which is not cached (the cache
+// holds the N slots released before it), and evicts the least recently released one.
+void RcacheEvictLarge_gmd(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  LargeGmd& l = largeGmd(n, true);
+  rc::Cache* c = l.cache.get();
+  const std::uint64_t ev0 = c->stats().evictions;
+  for (auto _ : state) {
+    c->put(gmdGet(c, largeSlot(l.next++ % (2 * n)), 4096));
+  }
+  const rc::Stats s = c->stats();
+  state.counters["evictions/iter"] = benchmark::Counter(static_cast<double>(s.evictions - ev0) /
+                                                        static_cast<double>(state.iterations()));
+  state.counters["regions"] = static_cast<double>(s.regions);
+}
+BENCHMARK(RcacheEvictLarge_gmd)->Arg(1000)->Arg(10000)->Arg(100000);
+
+void RcacheEvictLarge_ucs(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  LargeUcs& l = largeUcs(n, true);
+  const std::uint64_t regs0 = g_ucs_regs, deregs0 = g_ucs_deregs;
+  for (auto _ : state) {
+    ucs_rcache_region_put(l.cache, ucsGet(l.cache, largeSlot(l.next++ % (2 * n)), 4096));
+  }
+  const auto iters = static_cast<double>(state.iterations());
+  state.counters["regs/iter"] = static_cast<double>(g_ucs_regs - regs0) / iters;
+  state.counters["deregs/iter"] = static_cast<double>(g_ucs_deregs - deregs0) / iters;
+}
+BENCHMARK(RcacheEvictLarge_ucs)->Arg(1000)->Arg(10000)->Arg(100000);
+
+void RcacheHitLargeN_gmd(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  rc::Cache* c = largeGmd(n, false).cache.get();
+  char* p = largeSlot(n / 2);
+  for (auto _ : state) {
+    rc::Region* r = gmdGet(c, p, 4096);
+    benchmark::DoNotOptimize(r);
+    c->put(r);
+  }
+}
+BENCHMARK(RcacheHitLargeN_gmd)->Arg(100000);
+
+void RcacheHitLargeN_ucs(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  ucs_rcache_t* c = largeUcs(n, false).cache;
+  char* p = largeSlot(n / 2);
+  for (auto _ : state) {
+    ucs_rcache_region_t* r = ucsGet(c, p, 4096);
+    benchmark::DoNotOptimize(r);
+    ucs_rcache_region_put(c, r);
+  }
+}
+BENCHMARK(RcacheHitLargeN_ucs)->Arg(100000);
 
 }  // namespace
