@@ -2,9 +2,10 @@
 # gmd_rc vs UCX's rc_verbs on the same RDMA devices, in one run (docs/transport.md has the figures):
 # UCT put/get zero-copy bandwidth and latency, then UCP tag_bw in the rendezvous range.
 # Server on the first device, client on the last (rxe0 <- rxe1 in the soft-RoCE VM).
-# Usage: bench/transport_bench.sh PATH/TO/libuct_gmd.so   (in the VM: gtest/rxe/run-in-vm -- ...)
+# Usage: bench/transport_bench.sh PATH/TO/libuct_gmd.so [uct|ucp|all]   (in the VM: gtest/rxe/run-in-vm -- ...)
 set -u
 plugin=$1
+parts=${2:-all}
 ulimit -l unlimited 2>/dev/null
 devs=($(ls /sys/class/infiniband 2>/dev/null))
 ((${#devs[@]} > 0)) || { echo "no RDMA devices"; exit 1; }
@@ -38,6 +39,7 @@ pair() {
   fi
 }
 
+if [[ $parts != ucp ]]; then
 echo "# UCT, $cdev:1 -> $sdev:1"
 for tl in gmd_rc rc_verbs; do
   for s in 65536 1048576 8388608; do
@@ -50,8 +52,10 @@ for tl in gmd_rc rc_verbs; do
   done
   pair "uct $tl put_lat zcopy 8" "" "" -- -x $tl -d $sdev:1 -t put_lat -D zcopy -s 8 -n 2000
   pair "uct $tl get zcopy 8 (latency)" "" "" -- -x $tl -d $sdev:1 -t get -D zcopy -s 8 -n 2000
-done 2>&1 | sed "s/-d $sdev:1/&/"
+done 2>&1
+fi
 
+[[ $parts == uct ]] && { rm -rf "$log"; exit 0; }
 echo "# UCP tag_bw, rendezvous, $cdev <- $sdev"
 for tls in gmd_rc,tcp,self rc_verbs,tcp,self rc_verbs,ud_verbs,self; do
   for scheme in put_zcopy get_zcopy; do
