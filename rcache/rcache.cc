@@ -1,7 +1,7 @@
 // gmd registration cache. See rcache/README.md for the design and the rule-by-rule map.
 //
 // Shape of the implementation:
-//  - The index is an immutable sorted array of disjoint regions (Snapshot) published through an
+//  - The index is a two-level sorted array of disjoint regions (Top -> Leaf) published through an
 //    atomic pointer. Readers (the hit path) look it up inside an epoch and take a reference with
 //    one CAS on the region's state word, which fails once the region is invalid. Writers (misses,
 //    invalidations, evictions) are serialised by lock_ and publish a new snapshot; old snapshots
@@ -178,10 +178,12 @@ void writerFence() noexcept {
 // ---------------------------------------------------------------------------------------------------
 // Objects reclaimed through epochs
 
+enum class RetiredKind : std::uint8_t { kRegion, kLeaf, kTop };
+
 struct Retired {
   Retired* next_retired = nullptr;
   std::uint64_t retire_epoch = 0;
-  bool is_region = false;
+  RetiredKind kind = RetiredKind::kRegion;
 };
 
 class RegionImpl;
@@ -192,26 +194,39 @@ struct Entry {
   RegionImpl* region;
 };
 
-// Immutable sorted array of disjoint regions; entries follow the header in the same allocation.
-struct Snapshot : Retired {
+// The index has two levels. A Leaf is an immutable sorted array of at most kLeafMax entries; the
+// Top is a sorted array of {key, leaf}: leaf i holds the entries whose start lies in
+// [key i, key i+1), key 0 is 0, and no leaf is empty unless it is the only one. A key may be lower
+// than its leaf's first start (that entry left the leaf); a lookup that finds nothing at or below
+// the address in its leaf takes the last entry of the leaf before.
+//
+// Writers replace a changed leaf in place (an atomic store into its Top slot) and publish a new Top
+// only when leaves are split, merged or dropped, so a miss or an invalidation copies one leaf of
+// at most kLeafMax entries, plus, once every ~kLeafMax/2 insertions into a leaf, the Top (n/32
+// slots at worst, 16 bytes each).
+constexpr std::size_t kLeafMax = 64;
+constexpr std::size_t kLeafMin = 16;  // a smaller leaf merges with a neighbour when they fit in one
+
+struct Leaf : Retired {
   std::size_t size = 0;
   Entry* entries() noexcept { return reinterpret_cast<Entry*>(this + 1); }
   const Entry* entries() const noexcept { return reinterpret_cast<const Entry*>(this + 1); }
 
-  static Snapshot* allocate(std::size_t n) noexcept {
-    void* p = ::operator new(sizeof(Snapshot) + n * sizeof(Entry), std::nothrow);
+  static Leaf* allocate(std::size_t n) noexcept {
+    void* p = ::operator new(sizeof(Leaf) + n * sizeof(Entry), std::nothrow);
     if (p == nullptr) return nullptr;
-    auto* s = new (p) Snapshot;
-    s->size = n;
-    return s;
+    auto* l = new (p) Leaf;
+    l->kind = RetiredKind::kLeaf;
+    l->size = n;
+    return l;
   }
-  static void release(Snapshot* s) noexcept {
-    s->~Snapshot();
-    ::operator delete(s);
+  static void release(Leaf* l) noexcept {
+    l->~Leaf();
+    ::operator delete(l);
   }
-  // Index of the last entry whose start <= addr, or size when there is none.
-  std::size_t floor(std::uintptr_t addr) const noexcept {
-    std::size_t lo = 0, hi = size;  // first entry with start > addr is in [lo, hi]
+  // Number of entries whose start <= addr (the last of them is the floor entry).
+  std::size_t upper(std::uintptr_t addr) const noexcept {
+    std::size_t lo = 0, hi = size;
     const Entry* e = entries();
     while (lo < hi) {
       const std::size_t mid = (lo + hi) / 2;
@@ -221,19 +236,79 @@ struct Snapshot : Retired {
         hi = mid;
       }
     }
-    return lo == 0 ? size : lo - 1;
-  }
-  // Index of the first entry that may overlap [start, ...) (entries are disjoint and sorted).
-  std::size_t firstOverlap(std::uintptr_t start) const noexcept {
-    const std::size_t f = floor(start);
-    if (f == size) return 0;
-    return entries()[f].end > start ? f : f + 1;
+    return lo;
   }
 };
 
-static_assert(sizeof(Snapshot) % alignof(Entry) == 0);
+struct TopSlot {
+  std::uintptr_t key;
+  std::atomic<Leaf*> leaf;  // replaced by writers (release); readers load it with acquire
+};
 
-Snapshot g_empty_snapshot;  // published after fork() in the child; never freed
+struct Top : Retired {
+  std::size_t size = 0;  // leaves, at least 1
+  TopSlot* slots() noexcept { return reinterpret_cast<TopSlot*>(this + 1); }
+  const TopSlot* slots() const noexcept { return reinterpret_cast<const TopSlot*>(this + 1); }
+
+  static Top* allocate(std::size_t n) noexcept {
+    void* p = ::operator new(sizeof(Top) + n * sizeof(TopSlot), std::nothrow);
+    if (p == nullptr) return nullptr;
+    auto* t = new (p) Top;
+    t->kind = RetiredKind::kTop;
+    t->size = n;
+    for (std::size_t i = 0; i < n; ++i) new (&t->slots()[i]) TopSlot{0, {nullptr}};
+    return t;
+  }
+  static void release(Top* t) noexcept {
+    t->~Top();
+    ::operator delete(t);
+  }
+  Leaf* leaf(std::size_t i) const noexcept {
+    return slots()[i].leaf.load(std::memory_order_acquire);
+  }
+  // The leaf whose key range holds addr.
+  std::size_t leafFor(std::uintptr_t addr) const noexcept {
+    std::size_t lo = 1, hi = size;  // key 0 is 0 <= addr
+    const TopSlot* s = slots();
+    while (lo < hi) {
+      const std::size_t mid = (lo + hi) / 2;
+      if (s[mid].key <= addr) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo - 1;
+  }
+  // The entry with the greatest start <= addr, or null. Safe for readers inside an epoch.
+  const Entry* floor(std::uintptr_t addr) const noexcept {
+    const std::size_t i = leafFor(addr);
+    const Leaf* l = leaf(i);
+    const std::size_t k = l->upper(addr);
+    if (__builtin_expect(k != 0, 1)) return &l->entries()[k - 1];
+    if (i == 0) return nullptr;
+    const Leaf* prev = leaf(i - 1);  // never empty when there is more than one leaf
+    return prev->size != 0 ? &prev->entries()[prev->size - 1] : nullptr;
+  }
+};
+
+static_assert(sizeof(Leaf) % alignof(Entry) == 0);
+static_assert(sizeof(Top) % alignof(TopSlot) == 0);
+
+// The empty index: one empty leaf. Shared by every cache, never written to nor freed: a writer that
+// finds it current publishes a new Top instead of replacing its leaf.
+constinit Leaf g_empty_leaf;
+struct EmptyIndex {
+  Top top;
+  TopSlot slot;
+  constexpr EmptyIndex() : slot{0, {&g_empty_leaf}} {
+    top.kind = RetiredKind::kTop;
+    top.size = 1;
+  }
+};
+constinit EmptyIndex g_empty_index;
+static_assert(sizeof(EmptyIndex) == sizeof(Top) + sizeof(TopSlot), "slot must follow top");
+Top* const g_empty_top = &g_empty_index.top;
 
 // State word of a region: holders in the low 32 bits, flags above.
 constexpr std::uint64_t kHolderMask = 0xffffffffull;
@@ -251,7 +326,7 @@ class alignas(kCacheLine) RegionImpl final : public Region, public Retired {
     mem_type_ = type;
     backend_ = backend;
     reg_ = reg;
-    is_region = true;
+    kind = RetiredKind::kRegion;
   }
   ~RegionImpl() = default;
 
@@ -272,14 +347,120 @@ class alignas(kCacheLine) RegionImpl final : public Region, public Retired {
   std::atomic<std::uint64_t> state_{1};      // created held by its requester
   std::atomic<std::uint64_t> last_used_{0};  // release tick (see CacheImpl::releaseTick)
   std::uint32_t fork_gen_ = 0;               // the cache's fork generation when registered
-  RegionImpl* next_dead_ = nullptr;          // guarded by lock_
-  bool in_index_ = false;                    // guarded by lock_: in the published snapshot
+  // Guarded by lock_:
+  std::uint32_t heap_pos_ = kNotInHeap;  // position in CacheImpl::lru_ (valid indexed regions)
+  RegionImpl* next_dead_ = nullptr;      // dead_ / zombies_ list, or evictOne_locked()'s skip list
+  RegionImpl* next_unindex_ = nullptr;   // unindex_ list: invalid, entry still in a leaf
+  bool in_index_ = false;                // an entry of the published index points here
+
+  static constexpr std::uint32_t kNotInHeap = UINT32_MAX;
 };
 
+static_assert(sizeof(RegionImpl) == 2 * kCacheLine);
+
 inline std::size_t retiredBytes(const Retired* x) noexcept {
-  return x->is_region ? sizeof(RegionImpl)
-                      : sizeof(Snapshot) + static_cast<const Snapshot*>(x)->size * sizeof(Entry);
+  switch (x->kind) {
+    case RetiredKind::kRegion:
+      return sizeof(RegionImpl);
+    case RetiredKind::kLeaf:
+      return sizeof(Leaf) + static_cast<const Leaf*>(x)->size * sizeof(Entry);
+    case RetiredKind::kTop:
+      return sizeof(Top) + static_cast<const Top*>(x)->size * sizeof(TopSlot);
+  }
+  return 0;
 }
+
+// Unused-region order for eviction: a binary min-heap of the valid indexed regions keyed by a
+// release tick, maintained by writers only (the hit path and put() never touch it). A key may be
+// stale: put() stores a newer tick in the region without telling the heap. evictOne_locked() pops
+// the minimum, and when the region's tick moved on it re-keys it and looks again, so the victim is
+// the unused region with the smallest tick. Positions live in RegionImpl::heap_pos_.
+// Thread safety: lock_ only. remove() and update() never allocate (invalidate() may call them).
+class LruHeap {
+ public:
+  struct Item {
+    std::uint64_t key;
+    RegionImpl* region;
+  };
+  LruHeap() = default;
+  ~LruHeap() { delete[] items_; }
+  LruHeap(const LruHeap&) = delete;
+  LruHeap& operator=(const LruHeap&) = delete;
+
+  std::size_t size() const noexcept { return size_; }
+  const Item& top() const noexcept { return items_[0]; }
+  // Room for one more push(). False on no memory or past 2^32 - 1 regions.
+  bool reserveOne() noexcept {
+    if (size_ < cap_) return true;
+    if (cap_ >= RegionImpl::kNotInHeap - 1) return false;
+    const std::size_t cap =
+        std::min<std::size_t>(std::max<std::size_t>(64, cap_ * 2), RegionImpl::kNotInHeap - 1);
+    auto* items = new (std::nothrow) Item[cap];
+    if (items == nullptr) return false;
+    std::copy(items_, items_ + size_, items);
+    delete[] items_;
+    items_ = items;
+    cap_ = cap;
+    return true;
+  }
+  void push(RegionImpl* r, std::uint64_t key) noexcept {  // after reserveOne()
+    items_[size_] = Item{key, r};
+    r->heap_pos_ = static_cast<std::uint32_t>(size_);
+    ++size_;
+    up(size_ - 1);
+  }
+  void remove(RegionImpl* r) noexcept {
+    const std::size_t i = r->heap_pos_;
+    if (i >= size_ || items_[i].region != r) return;
+    r->heap_pos_ = RegionImpl::kNotInHeap;
+    --size_;
+    if (i == size_) return;
+    place(i, items_[size_]);
+    if (!up(i)) down(i);
+  }
+  void update(RegionImpl* r, std::uint64_t key) noexcept {
+    const std::size_t i = r->heap_pos_;
+    if (i >= size_ || items_[i].region != r) return;
+    items_[i].key = key;
+    if (!up(i)) down(i);
+  }
+  // Forgets every item without touching the regions (fork child: they are orphans).
+  void clear() noexcept { size_ = 0; }
+
+ private:
+  void place(std::size_t i, const Item& it) noexcept {
+    items_[i] = it;
+    it.region->heap_pos_ = static_cast<std::uint32_t>(i);
+  }
+  bool up(std::size_t i) noexcept {
+    const Item it = items_[i];
+    const std::size_t start = i;
+    while (i > 0) {
+      const std::size_t parent = (i - 1) / 2;
+      if (items_[parent].key <= it.key) break;
+      place(i, items_[parent]);
+      i = parent;
+    }
+    place(i, it);
+    return i != start;
+  }
+  void down(std::size_t i) noexcept {
+    const Item it = items_[i];
+    for (;;) {
+      std::size_t c = 2 * i + 1;
+      if (c >= size_) break;
+      if (c + 1 < size_ && items_[c + 1].key < items_[c].key) ++c;
+      if (it.key <= items_[c].key) break;
+      place(i, items_[c]);
+      i = c;
+    }
+    place(i, it);
+  }
+
+  Item* items_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t cap_ = 0;
+};
 
 // One per thread (by threadIndex()) and cache: the reader's epoch and its private counters.
 struct alignas(kCacheLine) ReaderSlot {
@@ -405,11 +586,16 @@ class CacheImpl final : public Cache {
   std::int64_t unusedExact() const noexcept;
 
   // All *_locked members require lock_.
-  Snapshot* current_locked() const noexcept { return index_.load(std::memory_order_relaxed); }
+  Top* current_locked() const noexcept { return index_.load(std::memory_order_relaxed); }
+  // Calls f(const Entry&) for every entry (valid or not) overlapping [start, end), in order. f
+  // must not change the index.
+  template <typename F>
+  void forEachOverlap_locked(std::uintptr_t start, std::uintptr_t end, F f) const noexcept;
   void applyQueued_locked(bool wait = true) noexcept;
   void applyInvalidation_locked(Range r) noexcept;
   bool invalidatedSince_locked(std::uint64_t seq0, Range r) const noexcept;
   bool markInvalid_locked(RegionImpl* r, DoomReason why) noexcept;
+  void leaveIndex_locked(RegionImpl* r) noexcept;
   void doomUnused_locked(RegionImpl* r, DoomReason why) noexcept;
   bool evictOne_locked() noexcept;
   bool makeRoom_locked(std::size_t bytes) noexcept;
@@ -418,7 +604,11 @@ class CacheImpl final : public Cache {
   void pushDead_locked(RegionImpl* r) noexcept;
   RegionImpl* takeDead_locked() noexcept;
   void setWork_locked(bool on) noexcept;
-  bool rebuild_locked(RegionImpl* add) noexcept;
+  bool rewriteLeaf_locked(std::size_t i, RegionImpl* add) noexcept;
+  bool replaceLeaves_locked(std::size_t first, std::size_t count, Leaf* const* leaves,
+                            const std::uintptr_t* keys, std::size_t n) noexcept;
+  bool insert_locked(RegionImpl* r) noexcept;
+  bool purge_locked() noexcept;
   void retire_locked(Retired* x) noexcept;
   void retireRegions_locked(RegionImpl* list) noexcept;
   Retired* collect_locked(bool force = false) noexcept;
@@ -434,7 +624,7 @@ class CacheImpl final : public Cache {
 
   // Read on every get(): queued invalidations (low 32 bits) + kWorkBit while deregistrations wait.
   alignas(kCacheLine) std::atomic<std::uint64_t> attention_{0};
-  std::atomic<Snapshot*> index_{nullptr};
+  std::atomic<Top*> index_{nullptr};
   std::atomic<std::uint64_t> epoch_{1};
   std::atomic<std::uint64_t> lru_clock_{1};
   std::atomic<std::size_t> slot_limit_{0};  // slots [0, slot_limit_) may have been handed out
@@ -447,7 +637,9 @@ class CacheImpl final : public Cache {
 
   // Guarded by lock_.
   RegionImpl* dead_ = nullptr;     // unused invalid regions waiting for deregistration
-  RegionImpl* zombies_ = nullptr;  // deregistered, still in the snapshot (a rebuild failed)
+  RegionImpl* zombies_ = nullptr;  // deregistered, still in the index (a leaf rewrite failed)
+  RegionImpl* unindex_ = nullptr;  // invalid regions whose entries are still in a leaf
+  LruHeap lru_;                    // valid indexed regions by release tick
   Retired* garbage_ = nullptr;     // waiting for readers to leave their epoch
   std::size_t garbage_count_ = 0;
   std::size_t garbage_bytes_ = 0;
@@ -455,7 +647,7 @@ class CacheImpl final : public Cache {
   static constexpr std::size_t kCollectBatch = 128;
   static constexpr std::size_t kCollectBytes = std::size_t{1} << 20;
   bool retired_since_advance_ = false;
-  bool dirty_ = false;                      // the published snapshot holds invalid entries
+  bool dirty_ = false;                      // unindex_ is not empty
   bool work_flag_ = false;                  // mirrors kWorkBit in attention_
   std::atomic<std::uint32_t> fork_gen_{0};  // bumped in a fork child (single-threaded there)
   std::uint64_t inval_seq_ = 0;             // invalidations applied so far
@@ -472,7 +664,7 @@ CacheImpl::CacheImpl(const Config& config) noexcept
     : config_(config),
       unused_flush_bound_(static_cast<std::int64_t>(
           std::min<std::size_t>(config.max_unused_bytes / 8, std::size_t{64} << 20))) {
-  index_.store(&g_empty_snapshot, std::memory_order_relaxed);
+  index_.store(g_empty_top, std::memory_order_relaxed);
   CacheRegistry& reg = cacheRegistry();
   std::lock_guard<std::mutex> g(reg.mutex);
   reg_next_ = reg.head;
@@ -493,20 +685,24 @@ CacheImpl::~CacheImpl() {
   }
   finishWork();
   // The contract says nothing is held and nobody calls in any more. Deregister what is left.
-  Snapshot* snap;
+  Top* top;
   {
     WriterGuard g(lock_);
-    snap = current_locked();
-    index_.store(&g_empty_snapshot, std::memory_order_relaxed);
+    top = current_locked();
+    index_.store(g_empty_top, std::memory_order_relaxed);
   }
   std::size_t held = 0;
-  for (std::size_t i = 0; i < snap->size; ++i) {
-    RegionImpl* r = snap->entries()[i].region;
-    const std::uint64_t s = r->state_.load(std::memory_order_acquire);
-    if ((s & kInvalid) != 0) continue;  // owned by a holder (a contract breach) or already gone
-    if ((s & kHolderMask) != 0) ++held;
-    deregister(r);
-    delete r;
+  for (std::size_t i = 0; i < top->size; ++i) {
+    Leaf* leaf = top->leaf(i);
+    for (std::size_t k = 0; k < leaf->size; ++k) {
+      RegionImpl* r = leaf->entries()[k].region;
+      const std::uint64_t s = r->state_.load(std::memory_order_acquire);
+      if ((s & kInvalid) != 0) continue;  // owned by a holder (a contract breach) or a zombie
+      if ((s & kHolderMask) != 0) ++held;
+      deregister(r);
+      delete r;
+    }
+    if (leaf != &g_empty_leaf) Leaf::release(leaf);
   }
   for (RegionImpl* z = zombies_; z != nullptr;) {
     RegionImpl* next = z->next_dead_;
@@ -514,7 +710,7 @@ CacheImpl::~CacheImpl() {
     z = next;
   }
   if (held != 0) logf(LogLevel::kWarn, "cache destroyed with %zu regions still held", held);
-  if (snap != &g_empty_snapshot) Snapshot::release(snap);
+  if (top != g_empty_top) Top::release(top);
   freeList(garbage_);
   garbage_ = nullptr;
   for (auto& c : chunks_) delete c.load(std::memory_order_relaxed);
@@ -648,13 +844,12 @@ inline bool CacheImpl::fastHit(const Request& rq, unsigned access, MemType type,
     return false;
   }
   readerEnter(slot->epoch, epoch_.load(std::memory_order_acquire));
-  const Snapshot* snap = index_.load(std::memory_order_seq_cst);
-  const std::size_t i = snap->floor(rq.start);
+  const Entry* e = index_.load(std::memory_order_seq_cst)->floor(rq.start);
   bool hit = false;
   std::uint64_t prev = 0;
   RegionImpl* r = nullptr;
-  if (i != snap->size && snap->entries()[i].end >= rq.end) {
-    r = snap->entries()[i].region;
+  if (e != nullptr && e->end >= rq.end) {
+    r = e->region;
     hit = (any_kind ? (r->access() & access) == access : r->matches(access, type, backend)) &&
           r->tryAcquire(&prev);
   }
@@ -719,11 +914,10 @@ __attribute__((noinline)) Status CacheImpl::getSlow(const Request& rq, unsigned 
   {
     WriterGuard g(lock_);
     applyQueued_locked();
-    Snapshot* snap = current_locked();
     std::uint64_t prev = 0;
-    const std::size_t i = snap->floor(rq.start);
-    if (i != snap->size && snap->entries()[i].end >= rq.end) {
-      RegionImpl* r = snap->entries()[i].region;
+    const Entry* e = current_locked()->floor(rq.start);
+    if (e != nullptr && e->end >= rq.end) {
+      RegionImpl* r = e->region;
       if (r->matches(access, type, backend) && r->tryAcquire(&prev)) hit = r;
     }
     if (hit != nullptr) {
@@ -734,16 +928,14 @@ __attribute__((noinline)) Status CacheImpl::getSlow(const Request& rq, unsigned 
       }
     } else {
       // Rule 3: the new registration covers the union of the overlapping valid regions.
-      for (std::size_t k = snap->firstOverlap(rq.start); k < snap->size; ++k) {
-        const Entry& e = snap->entries()[k];
-        if (e.start >= rq.end) break;
-        RegionImpl* r = e.region;
-        if ((r->state_.load(std::memory_order_relaxed) & kInvalid) != 0) continue;
-        if (r->memType() != type || r->backend() != backend) continue;
-        want.start = std::min(want.start, e.start);
-        want.end = std::max(want.end, e.end);
+      forEachOverlap_locked(rq.start, rq.end, [&](const Entry& o) {
+        RegionImpl* r = o.region;
+        if ((r->state_.load(std::memory_order_relaxed) & kInvalid) != 0) return;
+        if (r->memType() != type || r->backend() != backend) return;
+        want.start = std::min(want.start, o.start);
+        want.end = std::max(want.end, o.end);
         want_access |= r->access();
-      }
+      });
       if (want.end - want.start > config_.max_pinned_bytes) want = {rq.start, rq.end};
       advanceLruClock_locked();
       if (!makeRoom_locked(want.end - want.start)) {
@@ -817,19 +1009,16 @@ __attribute__((noinline)) Status CacheImpl::getSlow(const Request& rq, unsigned 
       bump(inval_in_use_, std::uint64_t{1});
       bump(deferred_, std::uint64_t{1});
     } else {
-      Snapshot* snap = current_locked();
       bool merged = false;
-      for (std::size_t k = snap->firstOverlap(want.start); k < snap->size; ++k) {
-        const Entry& e = snap->entries()[k];
-        if (e.start >= want.end) break;
-        RegionImpl* r = e.region;
+      forEachOverlap_locked(want.start, want.end, [&](const Entry& o) {
+        RegionImpl* r = o.region;
         const bool same = r->memType() == type && r->backend() == backend;
         if (markInvalid_locked(r, same ? DoomReason::kMerged : DoomReason::kStale)) {
           merged = merged || same;
         }
-      }
+      });
       if (merged) bump(merges_, std::uint64_t{1});
-      if (!rebuild_locked(nr)) {
+      if (!insert_locked(nr)) {
         nr->state_.store(1 | kInvalid, std::memory_order_relaxed);  // usable, never indexed
         bump(deferred_, std::uint64_t{1});
       }
@@ -892,12 +1081,9 @@ void CacheImpl::applyQueued_locked(bool wait) noexcept {
 void CacheImpl::applyInvalidation_locked(Range r) noexcept {
   history_[inval_seq_ % kHistory] = r;
   ++inval_seq_;
-  Snapshot* snap = current_locked();
-  for (std::size_t k = snap->firstOverlap(r.start); k < snap->size; ++k) {
-    const Entry& e = snap->entries()[k];
-    if (e.start >= r.end) break;
+  forEachOverlap_locked(r.start, r.end, [&](const Entry& e) {
     markInvalid_locked(e.region, DoomReason::kInvalidated);
-  }
+  });
 }
 
 bool CacheImpl::invalidatedSince_locked(std::uint64_t seq0, Range r) const noexcept {
@@ -908,13 +1094,13 @@ bool CacheImpl::invalidatedSince_locked(std::uint64_t seq0, Range r) const noexc
   return false;
 }
 
-// Takes `r` out of the index (logically: the snapshot is rebuilt later). Returns false if it
-// already was. An unused region goes to the dead list; a held one is deregistered by its last
-// put().
+// Takes `r` out of the index (logically: its leaf is rewritten later, by purge_locked()). Returns
+// false if it already was. An unused region goes to the dead list; a held one is deregistered by
+// its last put(). Never allocates (invalidate() calls it).
 bool CacheImpl::markInvalid_locked(RegionImpl* r, DoomReason why) noexcept {
   const std::uint64_t prev = r->state_.fetch_or(kInvalid, std::memory_order_acq_rel);
   if ((prev & kInvalid) != 0) return false;
-  dirty_ = true;
+  leaveIndex_locked(r);
   if ((prev & kHolderMask) == 0) {
     doomUnused_locked(r, why);
   } else {
@@ -928,8 +1114,17 @@ bool CacheImpl::markInvalid_locked(RegionImpl* r, DoomReason why) noexcept {
 
 // Bookkeeping for a region that just became invalid with no holder: it leaves the counters and
 // waits on the dead list for deregistration outside lock_.
+// `r` just became invalid: it leaves the eviction heap, and its entry is queued for purge_locked().
+void CacheImpl::leaveIndex_locked(RegionImpl* r) noexcept {
+  lru_.remove(r);
+  if (r->in_index_) {
+    r->next_unindex_ = unindex_;
+    unindex_ = r;
+    dirty_ = true;
+  }
+}
+
 void CacheImpl::doomUnused_locked(RegionImpl* r, DoomReason why) noexcept {
-  dirty_ = true;
   const auto len = static_cast<std::int64_t>(r->length());
   unused_shared_.fetch_sub(len, std::memory_order_relaxed);
   regions_.fetch_sub(1, std::memory_order_relaxed);
@@ -951,28 +1146,51 @@ void CacheImpl::doomUnused_locked(RegionImpl* r, DoomReason why) noexcept {
 // ---------------------------------------------------------------------------------------------------
 // Eviction (rule 6): least recently released unused region first.
 
+// Pops the heap until its minimum is an unused region whose key is its current release tick (the
+// oldest, as every key is at most its region's tick but for the case in docs/rcache.md, "LRU").
+// Held regions are set aside and come back keyed by the current clock: they are released later.
+// Costs O(log n), plus O(log n) per held region met on the way.
 bool CacheImpl::evictOne_locked() noexcept {
-  for (;;) {
-    Snapshot* snap = current_locked();
-    RegionImpl* victim = nullptr;
-    std::uint64_t oldest = UINT64_MAX;
-    for (std::size_t k = 0; k < snap->size; ++k) {
-      RegionImpl* r = snap->entries()[k].region;
-      if (r->state_.load(std::memory_order_relaxed) != 0) continue;  // held or invalid
-      const std::uint64_t t = r->last_used_.load(std::memory_order_relaxed);
-      if (victim == nullptr || t < oldest) {
-        victim = r;
-        oldest = t;
-      }
+  RegionImpl* skipped = nullptr;  // linked by next_dead_ (valid regions are on no dead list)
+  bool evicted = false;
+  while (lru_.size() != 0) {
+    const LruHeap::Item top = lru_.top();
+    RegionImpl* r = top.region;
+    const std::uint64_t state = r->state_.load(std::memory_order_acquire);
+    if ((state & kInvalid) != 0) {  // cannot happen: invalid regions leave the heap at once
+      lru_.remove(r);
+      continue;
     }
-    if (victim == nullptr) return false;
+    if ((state & kHolderMask) != 0) {
+      lru_.remove(r);
+      r->next_dead_ = skipped;
+      skipped = r;
+      continue;
+    }
+    const std::uint64_t tick = r->last_used_.load(std::memory_order_relaxed);
+    if (tick > top.key) {  // released again since it was keyed
+      lru_.update(r, tick);
+      continue;
+    }
     std::uint64_t unused_valid = 0;
-    if (victim->state_.compare_exchange_strong(unused_valid, kInvalid, std::memory_order_acq_rel)) {
-      doomUnused_locked(victim, DoomReason::kEvicted);
-      return true;
+    if (r->state_.compare_exchange_strong(unused_valid, kInvalid, std::memory_order_acq_rel)) {
+      leaveIndex_locked(r);
+      doomUnused_locked(r, DoomReason::kEvicted);
+      evicted = true;
+      break;
     }
-    // A reader took it meanwhile: look again.
+    // A reader took it meanwhile: it is held now, look again.
   }
+  const std::uint64_t now = lru_clock_.load(std::memory_order_relaxed);
+  while (skipped != nullptr) {
+    RegionImpl* r = skipped;
+    skipped = r->next_dead_;
+    r->next_dead_ = nullptr;
+    // Room is there: these items just left the heap. A region released meanwhile keeps its tick.
+    const bool unused = (r->state_.load(std::memory_order_acquire) & kHolderMask) == 0;
+    lru_.push(r, unused ? r->last_used_.load(std::memory_order_relaxed) : now);
+  }
+  return evicted;
 }
 
 bool CacheImpl::makeRoom_locked(std::size_t bytes) noexcept {
@@ -1027,35 +1245,215 @@ void CacheImpl::setWork_locked(bool on) noexcept {
   }
 }
 
-// Publishes a snapshot of the valid regions plus `add` (may be null). False on allocation failure
-// (the old snapshot stays: its invalid entries are harmless, readers skip them).
-bool CacheImpl::rebuild_locked(RegionImpl* add) noexcept {
-  Snapshot* cur = current_locked();
-  std::size_t n = add != nullptr ? 1 : 0;
-  for (std::size_t k = 0; k < cur->size; ++k) {
-    if ((cur->entries()[k].region->state_.load(std::memory_order_relaxed) & kInvalid) == 0) ++n;
-  }
-  Snapshot* next = Snapshot::allocate(n);
-  if (next == nullptr) return false;
-  std::size_t j = 0;
-  bool added = add == nullptr;
-  for (std::size_t k = 0; k < cur->size; ++k) {
-    const Entry& e = cur->entries()[k];
-    if ((e.region->state_.load(std::memory_order_relaxed) & kInvalid) != 0) {
-      e.region->in_index_ = false;
-      continue;
+// ---------------------------------------------------------------------------------------------------
+// Index writers. Every change publishes a consistent index: a leaf is built aside and stored into
+// its Top slot, or a new Top is built and stored into index_; what it replaces is retired.
+
+template <typename F>
+void CacheImpl::forEachOverlap_locked(std::uintptr_t start, std::uintptr_t end,
+                                      F f) const noexcept {
+  const Top* top = current_locked();
+  std::size_t i = top->leafFor(start);
+  const Leaf* leaf = top->leaf(i);
+  std::size_t k = leaf->upper(start);
+  if (k != 0) {
+    --k;  // the floor entry; it overlaps if it reaches past start
+    if (leaf->entries()[k].end <= start) ++k;
+  } else if (i != 0) {
+    const Leaf* prev = top->leaf(i - 1);
+    if (prev->size != 0 && prev->entries()[prev->size - 1].end > start) {
+      f(prev->entries()[prev->size - 1]);
     }
-    if (!added && add->start() < e.start) {
-      next->entries()[j++] = Entry{add->start(), add->end(), add};
-      added = true;
-    }
-    next->entries()[j++] = e;
   }
-  if (!added) next->entries()[j++] = Entry{add->start(), add->end(), add};
+  for (; i < top->size; ++i, k = 0) {
+    leaf = top->leaf(i);
+    for (; k < leaf->size; ++k) {
+      const Entry& e = leaf->entries()[k];
+      if (e.start >= end) return;
+      f(e);
+    }
+  }
+}
+
+// Publishes a Top in which leaves [first, first + count) are replaced by leaves[0, n) with keys
+// keys[0, n) (key 0 is forced to 0). On success retires the old Top and the replaced leaves; on
+// failure (no memory) changes nothing and the caller still owns `leaves`.
+bool CacheImpl::replaceLeaves_locked(std::size_t first, std::size_t count, Leaf* const* leaves,
+                                     const std::uintptr_t* keys, std::size_t n) noexcept {
+  Top* cur = current_locked();
+  const std::size_t size = cur->size - count + n;
+  Top* next = size != 0 ? Top::allocate(size) : nullptr;
+  if (size != 0 && next == nullptr) return false;
+  if (next == nullptr) {  // the index becomes empty
+    index_.store(g_empty_top, std::memory_order_seq_cst);
+  } else {
+    TopSlot* to = next->slots();
+    const TopSlot* from = cur->slots();
+    std::size_t j = 0;
+    for (std::size_t i = 0; i < first; ++i, ++j) {
+      to[j].key = from[i].key;
+      to[j].leaf.store(from[i].leaf.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    }
+    for (std::size_t i = 0; i < n; ++i, ++j) {
+      to[j].key = keys[i];
+      to[j].leaf.store(leaves[i], std::memory_order_relaxed);
+    }
+    for (std::size_t i = first + count; i < cur->size; ++i, ++j) {
+      to[j].key = from[i].key;
+      to[j].leaf.store(from[i].leaf.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    }
+    to[0].key = 0;
+    index_.store(next, std::memory_order_seq_cst);
+  }
+  for (std::size_t i = first; i < first + count; ++i) {
+    Leaf* old = cur->leaf(i);
+    if (old != &g_empty_leaf) retire_locked(old);
+  }
+  if (cur != g_empty_top) retire_locked(cur);
+  return true;
+}
+
+// Rewrites leaf i without its invalid entries and with `add` (may be null; it must not overlap
+// any entry), splitting a leaf that grows past kLeafMax and merging one that shrinks below
+// kLeafMin into a neighbour. Clears in_index_ of the entries dropped, sets it for `add`. On failure
+// (no memory) changes nothing.
+bool CacheImpl::rewriteLeaf_locked(std::size_t i, RegionImpl* add) noexcept {
+  Top* top = current_locked();
+  Leaf* old = top->leaf(i);
+  auto valid = [](const Entry& e) {
+    return (e.region->state_.load(std::memory_order_relaxed) & kInvalid) == 0;
+  };
+  auto validCount = [&](const Leaf* l) {
+    std::size_t n = 0;
+    for (std::size_t k = 0; k < l->size; ++k) n += valid(l->entries()[k]) ? 1 : 0;
+    return n;
+  };
+  // Copies the valid entries of l (and `add` in its place when with_add) to out.
+  auto copy = [&](const Leaf* l, bool with_add, Entry* out) {
+    std::size_t j = 0;
+    bool added = !with_add;
+    for (std::size_t k = 0; k < l->size; ++k) {
+      const Entry& e = l->entries()[k];
+      if (!valid(e)) continue;
+      if (!added && add->start() < e.start) {
+        out[j++] = Entry{add->start(), add->end(), add};
+        added = true;
+      }
+      out[j++] = e;
+    }
+    if (!added) out[j++] = Entry{add->start(), add->end(), add};
+    return j;
+  };
+  auto dropInvalid = [&](const Leaf* l) {
+    for (std::size_t k = 0; k < l->size; ++k) {
+      if (!valid(l->entries()[k])) l->entries()[k].region->in_index_ = false;
+    }
+  };
+  const std::size_t n = validCount(old) + (add != nullptr ? 1 : 0);
+  const std::uintptr_t key = top->slots()[i].key;
+  bool done = false;
+  if (n == 0 && top->size > 1) {
+    done = replaceLeaves_locked(i, 1, nullptr, nullptr, 0);  // drop the leaf
+  } else if (n > kLeafMax) {
+    // Split: the lower half keeps the key, the upper half starts at its first entry.
+    Entry all[kLeafMax + 1];
+    copy(old, add != nullptr, all);
+    Leaf* lo = Leaf::allocate(n / 2);
+    Leaf* hi = Leaf::allocate(n - n / 2);
+    if (lo != nullptr && hi != nullptr) {
+      std::copy(all, all + lo->size, lo->entries());
+      std::copy(all + lo->size, all + n, hi->entries());
+      Leaf* const leaves[2] = {lo, hi};
+      const std::uintptr_t keys[2] = {key, hi->entries()[0].start};
+      done = replaceLeaves_locked(i, 1, leaves, keys, 2);
+    }
+    if (!done) {
+      if (lo != nullptr) Leaf::release(lo);
+      if (hi != nullptr) Leaf::release(hi);
+    }
+  } else {
+    // Merge a small leaf into a neighbour when both fit in one leaf.
+    std::size_t with = top->size;  // the neighbour, or none
+    std::size_t with_n = 0;
+    if (n < kLeafMin && top->size > 1) {
+      if (i + 1 < top->size && n + (with_n = validCount(top->leaf(i + 1))) <= kLeafMax) {
+        with = i + 1;
+      } else if (i > 0 && n + (with_n = validCount(top->leaf(i - 1))) <= kLeafMax) {
+        with = i - 1;
+      }
+    }
+    if (with != top->size) {
+      const std::size_t lo_i = std::min(i, with);
+      Leaf* merged = Leaf::allocate(n + with_n);
+      if (merged != nullptr) {
+        const Leaf* lo = top->leaf(lo_i);
+        const Leaf* hi = top->leaf(lo_i + 1);
+        const std::size_t m = copy(lo, add != nullptr && lo == old, merged->entries());
+        copy(hi, add != nullptr && hi == old, merged->entries() + m);
+        Leaf* const leaves[1] = {merged};
+        const std::uintptr_t keys[1] = {top->slots()[lo_i].key};
+        Leaf* neighbour = top->leaf(with);
+        done = replaceLeaves_locked(lo_i, 2, leaves, keys, 1);
+        if (done) {
+          dropInvalid(neighbour);  // retired, not freed before the next collect_locked()
+        } else {
+          Leaf::release(merged);
+        }
+      }
+    } else {
+      Leaf* next = n != 0 ? Leaf::allocate(n) : &g_empty_leaf;
+      if (next != nullptr) {
+        if (n != 0) copy(old, add != nullptr, next->entries());
+        if (top == g_empty_top) {
+          Leaf* const leaves[1] = {next};
+          const std::uintptr_t keys[1] = {0};
+          done = replaceLeaves_locked(0, 1, leaves, keys, 1);
+          if (!done && next != &g_empty_leaf) Leaf::release(next);
+        } else {
+          top->slots()[i].leaf.store(next, std::memory_order_release);
+          if (old != &g_empty_leaf) retire_locked(old);
+          done = true;
+        }
+      }
+    }
+  }
+  if (!done) return false;
+  dropInvalid(old);
   if (add != nullptr) add->in_index_ = true;
-  index_.store(next, std::memory_order_seq_cst);
-  dirty_ = false;
-  if (cur != &g_empty_snapshot) retire_locked(cur);
+  return true;
+}
+// Takes the entries of invalid regions out of their leaves (those queued on unindex_). False if a
+// leaf could not be rewritten (no memory): its regions stay queued, and dirty_, for a later pass.
+bool CacheImpl::purge_locked() noexcept {
+  RegionImpl* list = unindex_;
+  RegionImpl* retry = nullptr;
+  unindex_ = nullptr;
+  while (list != nullptr) {
+    RegionImpl* r = list;
+    list = r->next_unindex_;
+    r->next_unindex_ = nullptr;
+    if (!r->in_index_) continue;  // left with an earlier rewrite of its leaf
+    if (!rewriteLeaf_locked(current_locked()->leafFor(r->start()), nullptr) || r->in_index_) {
+      r->next_unindex_ = retry;
+      retry = r;
+    }
+  }
+  unindex_ = retry;
+  dirty_ = retry != nullptr;
+  return retry == nullptr;
+}
+
+// Indexes `r` (valid, held by its requester) once the entries it overlaps were marked invalid.
+// False when it cannot (no memory, or an overlapped entry could not be purged): then it must never
+// be indexed.
+bool CacheImpl::insert_locked(RegionImpl* r) noexcept {
+  purge_locked();
+  bool clear = true;
+  forEachOverlap_locked(r->start(), r->end(), [&](const Entry&) { clear = false; });
+  if (!clear || !lru_.reserveOne()) return false;
+  if (!rewriteLeaf_locked(current_locked()->leafFor(r->start()), r)) return false;
+  // Its requester releases it later, with a tick at least the current clock.
+  lru_.push(r, lru_clock_.load(std::memory_order_relaxed));
   return true;
 }
 
@@ -1068,22 +1466,21 @@ void CacheImpl::retire_locked(Retired* x) noexcept {
   retired_since_advance_ = true;
 }
 
-// `list` (linked by next_dead_) is deregistered. Once no snapshot holds them they are retired; if
-// the snapshot cannot be rebuilt now (no memory) they wait on zombies_ for the next pass.
+// `list` (linked by next_dead_) is deregistered. Once no leaf holds them they are retired; those
+// whose leaf cannot be rewritten now (no memory) wait on zombies_ for the next pass.
 void CacheImpl::retireRegions_locked(RegionImpl* list) noexcept {
   bool indexed = false;
   for (RegionImpl* r = list; r != nullptr; r = r->next_dead_) indexed = indexed || r->in_index_;
-  if (indexed && !rebuild_locked(nullptr)) {
-    RegionImpl* tail = list;
-    while (tail->next_dead_ != nullptr) tail = tail->next_dead_;
-    tail->next_dead_ = zombies_;
-    zombies_ = list;
-    setWork_locked(true);
-    return;
-  }
+  if (indexed) purge_locked();
   for (RegionImpl* r = list; r != nullptr;) {
     RegionImpl* next = r->next_dead_;
-    retire_locked(r);
+    if (r->in_index_) {
+      r->next_dead_ = zombies_;
+      zombies_ = r;
+      setWork_locked(true);
+    } else {
+      retire_locked(r);
+    }
     r = next;
   }
 }
@@ -1125,10 +1522,16 @@ Retired* CacheImpl::collect_locked(bool force) noexcept {
 void CacheImpl::freeList(Retired* list) noexcept {
   while (list != nullptr) {
     Retired* next = list->next_retired;
-    if (list->is_region) {
-      delete static_cast<RegionImpl*>(list);
-    } else {
-      Snapshot::release(static_cast<Snapshot*>(list));
+    switch (list->kind) {
+      case RetiredKind::kRegion:
+        delete static_cast<RegionImpl*>(list);
+        break;
+      case RetiredKind::kLeaf:
+        Leaf::release(static_cast<Leaf*>(list));
+        break;
+      case RetiredKind::kTop:
+        Top::release(static_cast<Top*>(list));
+        break;
     }
     list = next;
   }
@@ -1156,7 +1559,7 @@ __attribute__((noinline)) void CacheImpl::finishWork(bool force_collect) noexcep
         zombies_ = nullptr;
         retireRegions_locked(z);
       }
-      if (dead == nullptr && dirty_) rebuild_locked(nullptr);
+      if (dead == nullptr && dirty_) purge_locked();
       freeable = collect_locked(force_collect && dead == nullptr);
     }
     freeList(freeable);
@@ -1226,15 +1629,22 @@ void CacheImpl::forkChild() noexcept {
   while (ring_.pop(&r)) {
   }
   ring_overflow_.store(0, std::memory_order_relaxed);
-  Snapshot* snap = current_locked();
-  index_.store(&g_empty_snapshot, std::memory_order_relaxed);
-  for (std::size_t k = 0; k < snap->size; ++k) {
-    RegionImpl* reg = snap->entries()[k].region;
-    reg->in_index_ = false;
-    const std::uint64_t prev = reg->state_.fetch_or(kInvalid, std::memory_order_relaxed);
-    if ((prev & (kInvalid | kHolderMask)) == 0) pushDead_locked(reg);  // freed by the next pass
+  Top* top = current_locked();
+  index_.store(g_empty_top, std::memory_order_relaxed);
+  for (std::size_t i = 0; i < top->size; ++i) {
+    Leaf* leaf = top->leaf(i);
+    for (std::size_t k = 0; k < leaf->size; ++k) {
+      RegionImpl* reg = leaf->entries()[k].region;
+      reg->in_index_ = false;
+      reg->next_unindex_ = nullptr;
+      const std::uint64_t prev = reg->state_.fetch_or(kInvalid, std::memory_order_relaxed);
+      if ((prev & (kInvalid | kHolderMask)) == 0) pushDead_locked(reg);  // freed by the next pass
+    }
+    if (leaf != &g_empty_leaf) retire_locked(leaf);
   }
-  if (snap != &g_empty_snapshot) retire_locked(snap);
+  if (top != g_empty_top) retire_locked(top);
+  unindex_ = nullptr;
+  lru_.clear();
   forEachSlot([](ReaderSlot& s) {
     s.epoch.store(0, std::memory_order_relaxed);
     s.unused_delta.store(0, std::memory_order_relaxed);

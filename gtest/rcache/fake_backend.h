@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <ostream>
+#include <unordered_set>
 #include <vector>
 
 #include "rcache/rcache.h"
@@ -58,6 +59,7 @@ class FakeBackend final : public Backend {
     out->handle = rec.get();
     out->lkey = static_cast<std::uint32_t>(records_.size() + 1);
     out->rkey = out->lkey + 0x1000;
+    known_.insert(rec.get());
     records_.push_back(std::move(rec));
     ++live_;
     return Status::kOk;
@@ -68,8 +70,7 @@ class FakeBackend final : public Backend {
     std::function<void(Record*)> hook;
     {
       std::lock_guard<std::mutex> g(mutex_);
-      bool known = false;
-      for (auto& r : records_) known = known || r.get() == rec;
+      const bool known = known_.count(rec) != 0;
       EXPECT_TRUE(known) << "dereg of a handle never registered";
       if (!known) return;
       EXPECT_EQ(rec->deregs.load(), 0)
@@ -139,6 +140,7 @@ class FakeBackend final : public Backend {
  private:
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Record>> records_;
+  std::unordered_set<const Record*> known_;  // records_, for a constant-time lookup
   std::deque<Status> fail_next_;
   std::function<void(Record*)> on_dereg_;
   std::function<void(std::uintptr_t, std::size_t)> on_reg_;
