@@ -1,7 +1,6 @@
 // The gmd MD through the public UCT API, on real RDMA devices (soft-RoCE in the VM): the component is
 // loaded the way UCX 1.13 users load it (the module is dlopen'ed before UCX is used, as LD_PRELOAD
 // would), listed, opened per device, and its registrations are proven real with RDMA WRITE/READ.
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <uct/api/uct.h>
@@ -15,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "gtest/rxe/uct_fixture.h"
 #include "gtest/rxe/verbs_fixture.h"
 #include "md/mapping.h"
 #include "md/md.h"
@@ -26,63 +26,11 @@ namespace {
 const std::size_t kPage = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
 constexpr unsigned kRma = UCT_MD_MEM_ACCESS_RMA;
 
-// Loads libuct_gmd.so once, before any UCX call of the test.
-class PluginEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    handle_ = dlopen(GMD_PLUGIN_PATH, RTLD_NOW | RTLD_GLOBAL);
-    ASSERT_NE(nullptr, handle_) << dlerror();
-  }
-
- private:
-  void* handle_ = nullptr;
-};
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new PluginEnvironment);
+const bool kPluginLoaded = loadGmdPluginFirst();
 
 uct_component_h findGmd(std::vector<std::string>* md_names) {
-  uct_component_h* comps = nullptr;
-  unsigned n = 0;
-  if (uct_query_components(&comps, &n) != UCS_OK) return nullptr;
-  uct_component_h found = nullptr;
-  for (unsigned i = 0; i < n && found == nullptr; ++i) {
-    uct_component_attr_t attr{};
-    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME | UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
-    if (uct_component_query(comps[i], &attr) != UCS_OK) continue;
-    if (std::strcmp(attr.name, "gmd") != 0) continue;
-    std::vector<uct_md_resource_desc_t> res(attr.md_resource_count);
-    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCES;
-    attr.md_resources = res.data();
-    if (uct_component_query(comps[i], &attr) != UCS_OK) continue;
-    for (const auto& r : res) md_names->push_back(r.md_name);
-    found = comps[i];
-  }
-  uct_release_component_list(comps);
-  return found;
+  return findComponent("gmd", md_names);
 }
-
-uct_md_h openMd(uct_component_h comp, const std::string& name, ucs_status_t* status) {
-  uct_md_config_t* config = nullptr;
-  *status = uct_md_config_read(comp, nullptr, nullptr, &config);
-  if (*status != UCS_OK) return nullptr;
-  uct_md_h md = nullptr;
-  *status = uct_md_open(comp, name.c_str(), config, &md);
-  uct_config_release(config);
-  return md;
-}
-
-// A private anonymous mapping, unmapped on destruction.
-struct Mapping {
-  explicit Mapping(std::size_t len) : length(len) {
-    addr = static_cast<std::uint8_t*>(
-        mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    if (addr == MAP_FAILED) addr = nullptr;
-  }
-  ~Mapping() {
-    if (addr != nullptr) munmap(addr, length);
-  }
-  std::uint8_t* addr;
-  std::size_t length;
-};
 
 const rcache::Region* regionOf(uct_mem_h memh) { return static_cast<const rcache::Region*>(memh); }
 
