@@ -604,7 +604,7 @@ class CacheImpl final : public Cache {
   void pushDead_locked(RegionImpl* r) noexcept;
   RegionImpl* takeDead_locked() noexcept;
   void setWork_locked(bool on) noexcept;
-  bool rewriteLeaf_locked(std::size_t i, RegionImpl* add) noexcept;
+  bool rewriteLeaf_locked(std::size_t i, RegionImpl* add, RegionImpl* drop) noexcept;
   bool replaceLeaves_locked(std::size_t first, std::size_t count, Leaf* const* leaves,
                             const std::uintptr_t* keys, std::size_t n) noexcept;
   bool insert_locked(RegionImpl* r) noexcept;
@@ -1313,58 +1313,54 @@ bool CacheImpl::replaceLeaves_locked(std::size_t first, std::size_t count, Leaf*
   return true;
 }
 
-// Rewrites leaf i without its invalid entries and with `add` (may be null; it must not overlap
-// any entry), splitting a leaf that grows past kLeafMax and merging one that shrinks below
-// kLeafMin into a neighbour. Clears in_index_ of the entries dropped, sets it for `add`. On failure
-// (no memory) changes nothing.
-bool CacheImpl::rewriteLeaf_locked(std::size_t i, RegionImpl* add) noexcept {
+// Rewrites leaf i with `add` (may be null; it must overlap no entry) and without the entries of
+// `drop` (a list linked by next_unindex_, sorted by start, of regions whose entries are in this
+// leaf), splitting a leaf that grows past kLeafMax and merging one that shrinks below kLeafMin
+// into a neighbour. Only the regions of `add` and `drop` are looked at, never the others (in a big
+// cache they are cold). Sets in_index_ of `add`, clears it for `drop`. On failure (no memory)
+// changes nothing.
+bool CacheImpl::rewriteLeaf_locked(std::size_t i, RegionImpl* add, RegionImpl* drop) noexcept {
   Top* top = current_locked();
   Leaf* old = top->leaf(i);
-  auto valid = [](const Entry& e) {
-    return (e.region->state_.load(std::memory_order_relaxed) & kInvalid) == 0;
-  };
-  auto validCount = [&](const Leaf* l) {
-    std::size_t n = 0;
-    for (std::size_t k = 0; k < l->size; ++k) n += valid(l->entries()[k]) ? 1 : 0;
-    return n;
-  };
-  // Copies the valid entries of l (and `add` in its place when with_add) to out.
-  auto copy = [&](const Leaf* l, bool with_add, Entry* out) {
+  // The entries of l but those of d (sorted), and `a` (may be null) in its place, into out;
+  // returns their number.
+  auto gather = [](const Leaf* l, RegionImpl* a, const RegionImpl* d, Entry* out) {
     std::size_t j = 0;
-    bool added = !with_add;
     for (std::size_t k = 0; k < l->size; ++k) {
       const Entry& e = l->entries()[k];
-      if (!valid(e)) continue;
-      if (!added && add->start() < e.start) {
-        out[j++] = Entry{add->start(), add->end(), add};
-        added = true;
+      if (a != nullptr && a->start() < e.start) {
+        out[j++] = Entry{a->start(), a->end(), a};
+        a = nullptr;
+      }
+      while (d != nullptr && d->start() < e.start) d = d->next_unindex_;
+      if (d == e.region) {
+        d = d->next_unindex_;
+        continue;
       }
       out[j++] = e;
     }
-    if (!added) out[j++] = Entry{add->start(), add->end(), add};
+    if (a != nullptr) out[j++] = Entry{a->start(), a->end(), a};
     return j;
   };
-  auto dropInvalid = [&](const Leaf* l) {
-    for (std::size_t k = 0; k < l->size; ++k) {
-      if (!valid(l->entries()[k])) l->entries()[k].region->in_index_ = false;
-    }
+  auto makeLeaf = [](const Entry* from, std::size_t n) {
+    Leaf* l = Leaf::allocate(n);
+    if (l != nullptr) std::copy(from, from + n, l->entries());
+    return l;
   };
-  const std::size_t n = validCount(old) + (add != nullptr ? 1 : 0);
+
+  Entry buf[2 * kLeafMax + 1];  // this leaf (+ add), then possibly a neighbour
+  const std::size_t n = gather(old, add, drop, buf);
   const std::uintptr_t key = top->slots()[i].key;
   bool done = false;
   if (n == 0 && top->size > 1) {
     done = replaceLeaves_locked(i, 1, nullptr, nullptr, 0);  // drop the leaf
   } else if (n > kLeafMax) {
     // Split: the lower half keeps the key, the upper half starts at its first entry.
-    Entry all[kLeafMax + 1];
-    copy(old, add != nullptr, all);
-    Leaf* lo = Leaf::allocate(n / 2);
-    Leaf* hi = Leaf::allocate(n - n / 2);
+    Leaf* lo = makeLeaf(buf, n / 2);
+    Leaf* hi = makeLeaf(buf + n / 2, n - n / 2);
     if (lo != nullptr && hi != nullptr) {
-      std::copy(all, all + lo->size, lo->entries());
-      std::copy(all + lo->size, all + n, hi->entries());
       Leaf* const leaves[2] = {lo, hi};
-      const std::uintptr_t keys[2] = {key, hi->entries()[0].start};
+      const std::uintptr_t keys[2] = {key, buf[n / 2].start};
       done = replaceLeaves_locked(i, 1, leaves, keys, 2);
     }
     if (!done) {
@@ -1372,70 +1368,120 @@ bool CacheImpl::rewriteLeaf_locked(std::size_t i, RegionImpl* add) noexcept {
       if (hi != nullptr) Leaf::release(hi);
     }
   } else {
-    // Merge a small leaf into a neighbour when both fit in one leaf.
-    std::size_t with = top->size;  // the neighbour, or none
-    std::size_t with_n = 0;
+    // A small leaf merges into a neighbour when both fit in one leaf.
+    std::size_t m = 0;  // the neighbour's entries, gathered after ours
+    std::size_t with = top->size;
     if (n < kLeafMin && top->size > 1) {
-      if (i + 1 < top->size && n + (with_n = validCount(top->leaf(i + 1))) <= kLeafMax) {
+      // A neighbour's invalid entries come along; they leave with their own purge.
+      if (i + 1 < top->size && n + (m = top->leaf(i + 1)->size) <= kLeafMax) {
         with = i + 1;
-      } else if (i > 0 && n + (with_n = validCount(top->leaf(i - 1))) <= kLeafMax) {
+      } else if (i > 0 && n + (m = top->leaf(i - 1)->size) <= kLeafMax) {
         with = i - 1;
       }
+      if (with != top->size) gather(top->leaf(with), nullptr, nullptr, buf + n);
     }
     if (with != top->size) {
+      // buf holds [ours, theirs]; the merged leaf wants them in address order.
+      if (with < i) std::rotate(buf, buf + n, buf + n + m);
       const std::size_t lo_i = std::min(i, with);
-      Leaf* merged = Leaf::allocate(n + with_n);
+      Leaf* merged = makeLeaf(buf, n + m);
       if (merged != nullptr) {
-        const Leaf* lo = top->leaf(lo_i);
-        const Leaf* hi = top->leaf(lo_i + 1);
-        const std::size_t m = copy(lo, add != nullptr && lo == old, merged->entries());
-        copy(hi, add != nullptr && hi == old, merged->entries() + m);
         Leaf* const leaves[1] = {merged};
         const std::uintptr_t keys[1] = {top->slots()[lo_i].key};
-        Leaf* neighbour = top->leaf(with);
         done = replaceLeaves_locked(lo_i, 2, leaves, keys, 1);
-        if (done) {
-          dropInvalid(neighbour);  // retired, not freed before the next collect_locked()
-        } else {
-          Leaf::release(merged);
-        }
+        if (!done) Leaf::release(merged);
       }
     } else {
-      Leaf* next = n != 0 ? Leaf::allocate(n) : &g_empty_leaf;
-      if (next != nullptr) {
-        if (n != 0) copy(old, add != nullptr, next->entries());
-        if (top == g_empty_top) {
-          Leaf* const leaves[1] = {next};
-          const std::uintptr_t keys[1] = {0};
-          done = replaceLeaves_locked(0, 1, leaves, keys, 1);
-          if (!done && next != &g_empty_leaf) Leaf::release(next);
-        } else {
-          top->slots()[i].leaf.store(next, std::memory_order_release);
-          if (old != &g_empty_leaf) retire_locked(old);
-          done = true;
-        }
+      Leaf* next = n != 0 ? makeLeaf(buf, n) : &g_empty_leaf;
+      if (next != nullptr && top == g_empty_top) {  // shared: never written to
+        Leaf* const leaves[1] = {next};
+        const std::uintptr_t keys[1] = {0};
+        done = replaceLeaves_locked(0, 1, leaves, keys, 1);
+        if (!done && next != &g_empty_leaf) Leaf::release(next);
+      } else if (next != nullptr) {
+        top->slots()[i].leaf.store(next, std::memory_order_release);
+        if (old != &g_empty_leaf) retire_locked(old);
+        done = true;
       }
     }
   }
   if (!done) return false;
-  dropInvalid(old);
+  // The old leaf is retired, not freed before the next collect_locked(): mark what left it.
+  const RegionImpl* d = drop;
+  for (std::size_t k = 0; k < old->size && d != nullptr; ++k) {
+    const Entry& e = old->entries()[k];
+    while (d != nullptr && d->start() < e.start) d = d->next_unindex_;
+    if (d == e.region) {
+      e.region->in_index_ = false;
+      d = d->next_unindex_;
+    }
+  }
   if (add != nullptr) add->in_index_ = true;
   return true;
 }
-// Takes the entries of invalid regions out of their leaves (those queued on unindex_). False if a
-// leaf could not be rewritten (no memory): its regions stay queued, and dirty_, for a later pass.
+
+// Sorts a list linked by next_unindex_ by start (merge sort; no allocation).
+RegionImpl* sortByStart(RegionImpl* list) noexcept {
+  if (list == nullptr || list->next_unindex_ == nullptr) return list;
+  RegionImpl* slow = list;  // split in halves
+  for (RegionImpl* fast = list->next_unindex_; fast != nullptr && fast->next_unindex_ != nullptr;
+       fast = fast->next_unindex_->next_unindex_) {
+    slow = slow->next_unindex_;
+  }
+  RegionImpl* b = slow->next_unindex_;
+  slow->next_unindex_ = nullptr;
+  RegionImpl* a = sortByStart(list);
+  b = sortByStart(b);
+  RegionImpl* head = nullptr;
+  RegionImpl** tail = &head;
+  while (a != nullptr && b != nullptr) {
+    RegionImpl*& lower = a->start() < b->start() ? a : b;
+    *tail = lower;
+    tail = &lower->next_unindex_;
+    lower = lower->next_unindex_;
+  }
+  *tail = a != nullptr ? a : b;
+  return head;
+}
+
+// Takes the entries of invalid regions (queued on unindex_) out of their leaves, one rewrite per
+// leaf. False if a leaf could not be rewritten (no memory): its regions stay queued, and dirty_,
+// for a later pass.
 bool CacheImpl::purge_locked() noexcept {
-  RegionImpl* list = unindex_;
+  RegionImpl* list = sortByStart(unindex_);
   RegionImpl* retry = nullptr;
-  unindex_ = nullptr;
+  auto retryAll = [&](RegionImpl* batch) {
+    while (batch != nullptr) {
+      RegionImpl* next = batch->next_unindex_;
+      batch->next_unindex_ = retry;
+      retry = batch;
+      batch = next;
+    }
+  };
   while (list != nullptr) {
-    RegionImpl* r = list;
-    list = r->next_unindex_;
-    r->next_unindex_ = nullptr;
-    if (!r->in_index_) continue;  // left with an earlier rewrite of its leaf
-    if (!rewriteLeaf_locked(current_locked()->leafFor(r->start()), nullptr) || r->in_index_) {
-      r->next_unindex_ = retry;
-      retry = r;
+    // The regions of one leaf: those whose start is below the next leaf's key.
+    const Top* top = current_locked();
+    const std::size_t i = top->leafFor(list->start());
+    const std::uintptr_t limit = i + 1 < top->size ? top->slots()[i + 1].key : UINTPTR_MAX;
+    RegionImpl* batch = list;
+    RegionImpl* last = list;
+    while (last->next_unindex_ != nullptr && last->next_unindex_->start() < limit) {
+      last = last->next_unindex_;
+    }
+    list = last->next_unindex_;
+    last->next_unindex_ = nullptr;
+    if (!rewriteLeaf_locked(i, nullptr, batch)) {
+      retryAll(batch);
+      continue;
+    }
+    while (batch != nullptr) {  // all left the index, unless one was not where it should be
+      RegionImpl* next = batch->next_unindex_;
+      batch->next_unindex_ = nullptr;
+      if (batch->in_index_) {
+        batch->next_unindex_ = retry;
+        retry = batch;
+      }
+      batch = next;
     }
   }
   unindex_ = retry;
@@ -1447,11 +1493,13 @@ bool CacheImpl::purge_locked() noexcept {
 // False when it cannot (no memory, or an overlapped entry could not be purged): then it must never
 // be indexed.
 bool CacheImpl::insert_locked(RegionImpl* r) noexcept {
-  purge_locked();
-  bool clear = true;
-  forEachOverlap_locked(r->start(), r->end(), [&](const Entry&) { clear = false; });
-  if (!clear || !lru_.reserveOne()) return false;
-  if (!rewriteLeaf_locked(current_locked()->leafFor(r->start()), r)) return false;
+  if (!purge_locked()) {
+    bool clear = true;
+    forEachOverlap_locked(r->start(), r->end(), [&](const Entry&) { clear = false; });
+    if (!clear) return false;
+  }
+  if (!lru_.reserveOne()) return false;
+  if (!rewriteLeaf_locked(current_locked()->leafFor(r->start()), r, nullptr)) return false;
   // Its requester releases it later, with a tick at least the current clock.
   lru_.push(r, lru_clock_.load(std::memory_order_relaxed));
   return true;
