@@ -4,9 +4,10 @@
 //  - The index is a two-level sorted array of disjoint regions (Top -> Leaf) published through an
 //    atomic pointer. Readers (the hit path) look it up inside an epoch and take a reference with
 //    one CAS on the region's state word, which fails once the region is invalid. Writers (misses,
-//    invalidations, evictions) are serialised by lock_ and publish a new snapshot; old snapshots
-//    and dead regions are freed once no reader can still see them (epoch-based reclamation, one
-//    reader slot per thread).
+//    invalidations, evictions) are serialised by lock_; they replace one leaf (or the top, when
+//    leaves split, merge or disappear) and retire what they replaced; old leaves, tops and dead
+//    regions are freed once no reader can still see them (epoch-based reclamation, one reader
+//    slot per thread). Eviction pops a writers-only heap of regions by release tick.
 //  - invalidate() never blocks and never allocates: it queues the range in a preallocated ring,
 //    bumps attention_, and applies the queue at once when it can try-lock the writer lock. Every
 //    get() reads attention_ before its lookup and drains the queue first when it is non-zero.
@@ -1220,7 +1221,7 @@ std::size_t CacheImpl::evictAllUnused_locked() noexcept {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Dead regions, snapshots, reclamation
+// Dead regions, reclamation
 
 void CacheImpl::pushDead_locked(RegionImpl* r) noexcept {
   r->next_dead_ = dead_;
