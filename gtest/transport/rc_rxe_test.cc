@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/rxe/verbs_fixture.h"
@@ -131,6 +132,9 @@ class GmdRc : public ::testing::TestWithParam<bool> {  // param: initiator on an
     uct_config_release(mdc);
     uct_iface_config_t* ic = nullptr;
     ASSERT_EQ(UCS_OK, uct_md_iface_config_read(s->md, "gmd_rc", nullptr, nullptr, &ic));
+    for (const auto& [name, value] : iface_config_) {
+      ASSERT_EQ(UCS_OK, uct_config_modify(ic, name, value)) << name << "=" << value;
+    }
     const std::string port = dev + ":1";
     uct_iface_params_t p{};
     p.field_mask = UCT_IFACE_PARAM_FIELD_OPEN_MODE | UCT_IFACE_PARAM_FIELD_ERR_HANDLER |
@@ -233,6 +237,7 @@ class GmdRc : public ::testing::TestWithParam<bool> {  // param: initiator on an
     return b;
   }
 
+  std::vector<std::pair<const char*, const char*>> iface_config_;  // UCX_GMD_RC_* for both ifaces
   uct_component_h comp_ = nullptr;
   ucs_async_context_t* async_ = nullptr;
   uct_worker_h worker_ = nullptr;
@@ -587,6 +592,104 @@ TEST_P(GmdRc, ManyEndpointsAndDestroyWithWorkInFlight) {
   uct_rkey_release(comp_, &rk);
   uct_md_mem_dereg(target_.md, rm);
   uct_md_mem_dereg(init_.md, lm);
+}
+
+}  // namespace
+}  // namespace gmd::test
+
+namespace gmd::test {
+namespace {
+
+// A get larger than UCX_GMD_RC_MAX_READ is posted as several RDMA READs (soft-RoCE loses long READ
+// response bursts, see md/rc/rc_iface.cc) and completes once, as one operation. A small READ size
+// and send queue make the pieces cross iov boundaries and a get need more slots than are free.
+class GmdRcSplitReads : public GmdRc {
+ protected:
+  void SetUp() override {
+    iface_config_ = {{"MAX_READ", "12288"}, {"TX_QUEUE_LEN", "16"}};
+    GmdRc::SetUp();
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Devices, GmdRcSplitReads, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "CrossDevice" : "SameDevice";
+                         });
+
+TEST_P(GmdRcSplitReads, LargeGetsAreSeveralReadsCompletedOnce) {
+  // Three iov entries of 3 pages + 5 bytes: 12 KiB READs end inside the entries.
+  const std::size_t part = 3 * kPage + 5;
+  Mapping a(part), b(part), c(part), remote(3 * part);
+  uct_mem_h ma = reg(init_.md, a.addr, part), mb = reg(init_.md, b.addr, part),
+            mc = reg(init_.md, c.addr, part), rm = reg(target_.md, remote.addr, 3 * part);
+  uct_rkey_bundle_t rk = rkeyOf(target_.md, rm);
+  fillPattern(remote.addr, 3 * part, 21);
+  uct_iov_t iov[3] = {{a.addr, part, ma, 0, 1}, {b.addr, part, mb, 0, 1}, {c.addr, part, mc, 0, 1}};
+  Comp done;
+  ASSERT_EQ(UCS_INPROGRESS, issue(false, ep_, iov, 3, reinterpret_cast<std::uint64_t>(remote.addr),
+                                  rk.rkey, &done.c));
+  ASSERT_TRUE(progressUntil([&] { return done.calls > 0; }));
+  EXPECT_EQ(UCS_OK, done.last);
+  std::vector<std::uint8_t> joined(3 * part);
+  std::memcpy(joined.data(), a.addr, part);
+  std::memcpy(joined.data() + part, b.addr, part);
+  std::memcpy(joined.data() + 2 * part, c.addr, part);
+  EXPECT_EQ(3 * part, checkPattern(joined.data(), 3 * part, 21)) << "split get scattered wrongly";
+
+  // 1 MiB in 12 KiB READs would need 86 work requests, more than the send queue of 16: it goes out
+  // as 16 larger READs and still completes once.
+  const std::size_t big = std::size_t{1} << 20;
+  Mapping local(big), source(big);
+  uct_mem_h lm = reg(init_.md, local.addr, big), sm = reg(target_.md, source.addr, big);
+  uct_rkey_bundle_t sk = rkeyOf(target_.md, sm);
+  fillPattern(source.addr, big, 22);
+  EXPECT_EQ(UCS_OK, transfer(false, local.addr, lm, big, source.addr, sk.rkey));
+  EXPECT_EQ(big, checkPattern(local.addr, big, 22));
+
+  // A small get holds one of the 16 slots, so the big get (16 READs) does not fit: NO_RESOURCE,
+  // and pending_add must take it (UCS_ERR_BUSY would make the caller retry forever) and dispatch
+  // it once the small get has completed.
+  std::memset(local.addr, 0, big);
+  std::memset(a.addr, 0, part);
+  Comp small_done, big_done;
+  uct_iov_t small_iov{a.addr, 64, ma, 0, 1};
+  ASSERT_EQ(UCS_INPROGRESS,
+            uct_ep_get_zcopy(ep_, &small_iov, 1, reinterpret_cast<std::uint64_t>(remote.addr),
+                             rk.rkey, &small_done.c));
+  uct_iov_t big_iov{local.addr, big, lm, 0, 1};
+  const auto raddr = reinterpret_cast<std::uint64_t>(source.addr);
+  ASSERT_EQ(UCS_ERR_NO_RESOURCE,
+            uct_ep_get_zcopy(ep_, &big_iov, 1, raddr, sk.rkey, &big_done.c));
+  struct Req {
+    uct_pending_req_t req;  // first
+    uct_ep_h ep;
+    uct_iov_t* iov;
+    std::uint64_t raddr;
+    uct_rkey_t rkey;
+    Comp* done;
+    int calls = 0;
+  } r{{}, ep_, &big_iov, raddr, sk.rkey, &big_done};
+  r.req.func = [](uct_pending_req_t* self) -> ucs_status_t {
+    auto* me = reinterpret_cast<Req*>(self);
+    ++me->calls;
+    const ucs_status_t st = uct_ep_get_zcopy(me->ep, me->iov, 1, me->raddr, me->rkey, &me->done->c);
+    return st == UCS_INPROGRESS || st == UCS_OK ? UCS_OK : st;
+  };
+  ASSERT_EQ(UCS_OK, uct_ep_pending_add(ep_, &r.req, 0));
+  ASSERT_TRUE(progressUntil([&] { return small_done.calls > 0 && big_done.calls > 0; }));
+  EXPECT_EQ(1, small_done.calls);
+  EXPECT_EQ(1, big_done.calls);
+  EXPECT_EQ(UCS_OK, big_done.last);
+  EXPECT_EQ(1, r.calls) << "dispatched before the get fit into the send queue";
+  EXPECT_EQ(big, checkPattern(local.addr, big, 22));
+  EXPECT_EQ(64u, checkPattern(a.addr, 64, 21));
+
+  uct_rkey_release(comp_, &sk);
+  uct_rkey_release(comp_, &rk);
+  for (auto [md, m] : {std::pair{init_.md, ma}, {init_.md, mb}, {init_.md, mc}, {target_.md, rm},
+                       {init_.md, lm}, {target_.md, sm}}) {
+    uct_md_mem_dereg(md, m);
+  }
 }
 
 }  // namespace

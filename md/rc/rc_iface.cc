@@ -6,9 +6,11 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <ucs/debug/log_def.h>
+#include <ucs/sys/string.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +34,13 @@ ucs_config_field_t kIfaceConfigTable[] = {
      offsetof(IfaceConfig, max_iov), UCS_CONFIG_TYPE_UINT},
     {"MAX_RD_ATOMIC", "4", "RDMA READs in flight per endpoint (capped by the device).",
      offsetof(IfaceConfig, max_rd_atomic), UCS_CONFIG_TYPE_UINT},
+    {"MAX_READ", "auto",
+     "Bytes of one RDMA READ work request; a larger get_zcopy is posted as several READs\n"
+     "that complete together. auto: the port's maximal message size; on soft-RoCE (rxe) 256k\n"
+     "divided by MAX_RD_ATOMIC, since rxe sends READ responses without flow control and a burst\n"
+     "longer than the receiving CPU's packet backlog (net.core.netdev_max_backlog) loses\n"
+     "packets, each loss costing one TIMEOUT.",
+     offsetof(IfaceConfig, max_read), UCS_CONFIG_TYPE_MEMUNITS},
     {"GID_INDEX", "auto",
      "GID table index of the port. auto: on RoCE the RoCEv2 GID of an IPv4 address, then any\n"
      "RoCEv2 GID, then RoCEv1; on InfiniBand index 0.",
@@ -79,6 +88,32 @@ ucs_status_t wcStatus(ibv_wc_status s) {
     case IBV_WC_REM_OP_ERR: return UCS_ERR_IO_ERROR;
     default: return UCS_ERR_CONNECTION_RESET;
   }
+}
+
+// Upper bound of SGEs per work request (the stack arrays of Ep::rdma).
+constexpr unsigned kMaxSge = 32;
+
+// rdma_rxe (soft-RoCE) reports this vendor id.
+constexpr std::uint32_t kSoftRoceVendorId = 0xffffff;
+// READ response bytes one QP may have in flight on soft-RoCE: 256 packets at a 1 KiB MTU, a quarter
+// of Linux's default receive backlog of 1000 packets per CPU.
+constexpr std::size_t kSoftRoceReadBytesInFlight = 256 * 1024;
+
+// The default of UCX_GMD_RC_MAX_READ. Hardware: one READ per get, however large. Soft-RoCE: rxe's
+// responder emits a READ's response packets back to back from a tasklet, with no flow control,
+// into the receive backlog of its CPU through the netdev (veth, or a NIC looped back); whatever the
+// backlog cannot hold is dropped. rxe's requester then discards the rest of that response and
+// waits for its retransmission timer, so every overflow costs one QP timeout (1 s by default):
+// UCP rendezvous with get_zcopy moved 1 MiB per second. READs of this size, at most
+// max_rd_atomic of them outstanding, keep the burst far below the backlog.
+std::size_t defaultReadSize(const ibv_device_attr& dev, std::size_t mtu, unsigned max_rd_atomic,
+                            std::uint64_t max_msg) {
+  if (dev.vendor_id != kSoftRoceVendorId) return static_cast<std::size_t>(max_msg);
+  // rxe rounds max_rd_atomic up to a power of two.
+  const std::size_t reads = std::bit_ceil(std::max(max_rd_atomic, 1u));
+  std::size_t size = kSoftRoceReadBytesInFlight / reads;
+  size = std::max(mtu, size / mtu * mtu);
+  return static_cast<std::size_t>(std::min<std::uint64_t>(size, max_msg));
 }
 
 // Records `status` in `comp` and calls it when its count reaches zero.
@@ -164,8 +199,8 @@ ucs_status_t Iface::init(Md* md, const char* dev_name, const IfaceConfig& config
   const ibv_device_attr& dev = md->deviceAttr();
   settings_.tx_queue_len =
       std::min<unsigned>(config.tx_queue_len, static_cast<unsigned>(std::max(dev.max_qp_wr, 1)));
-  settings_.max_send_sge =
-      std::min<unsigned>(config.max_iov, static_cast<unsigned>(std::max(dev.max_sge, 1)));
+  settings_.max_send_sge = std::min<unsigned>(
+      {config.max_iov, static_cast<unsigned>(std::max(dev.max_sge, 1)), kMaxSge});
   max_read_sge_ = std::min<std::size_t>(
       settings_.max_send_sge, static_cast<std::size_t>(std::max(dev.max_sge_rd, 1)));
   settings_.max_rd_atomic = std::max(
@@ -175,6 +210,16 @@ ucs_status_t Iface::init(Md* md, const char* dev_name, const IfaceConfig& config
   settings_.timeout = verbsTimeout(config.timeout);
   settings_.retry_count = static_cast<std::uint8_t>(config.retry_count);
   max_msg_ = port_.attr.max_msg_sz;
+  if (config.max_read == 0) {
+    ucs_error("gmd_rc %s: UCX_GMD_RC_MAX_READ must be positive", dev_name);
+    return UCS_ERR_INVALID_PARAM;
+  }
+  if (config.max_read == UCS_MEMUNITS_AUTO) {
+    max_read_ = defaultReadSize(dev, mtuBytes(port_.attr.active_mtu), settings_.max_rd_atomic,
+                                max_msg_);
+  } else {
+    max_read_ = static_cast<std::size_t>(std::min<std::uint64_t>(config.max_read, max_msg_));
+  }
   connect_timeout_ = config.connect_timeout;
   latency_ = config.latency;
   overhead_ = config.overhead;
@@ -196,8 +241,9 @@ ucs_status_t Iface::init(Md* md, const char* dev_name, const IfaceConfig& config
   if (ucs_status_t st = listener_->start(&listen_port_be_); st != UCS_OK) return st;
   char ip[INET_ADDRSTRLEN] = "?";
   inet_ntop(AF_INET, &port_.oob_ipv4_be, ip, sizeof(ip));
-  ucs_debug("gmd_rc %s: gid index %d, mtu %zu, listening on %s:%u", dev_name, port_.gid_index,
-            mtuBytes(port_.attr.active_mtu), ip, ntohs(listen_port_be_));
+  ucs_debug("gmd_rc %s: gid index %d, mtu %zu, RDMA READs of at most %zu bytes, listening on %s:%u",
+            dev_name, port_.gid_index, mtuBytes(port_.attr.active_mtu), max_read_, ip,
+            ntohs(listen_port_be_));
   return UCS_OK;
 }
 
@@ -621,18 +667,19 @@ Ep::Ep(Iface* iface) : iface_(iface) {
 Ep::~Ep() = default;
 
 bool Ep::canPost() const noexcept {
-  return state_ == State::kReady && !full() && iface_->tx_free_ > 0;
+  return state_ == State::kReady && ring_.size() - inflight_ >= need_slots_ &&
+         iface_->tx_free_ >= need_slots_;
 }
 
 ucs_status_t Ep::rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t iovcnt,
                       std::uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t* comp) noexcept {
   if (error_ != UCS_OK) return error_;
-  if (!canPost()) return UCS_ERR_NO_RESOURCE;
+  if (state_ != State::kReady) return UCS_ERR_NO_RESOURCE;
   if (iovcnt > iface_->maxIov(opcode)) {
     ucs_error("gmd_rc: %zu iov entries, at most %zu", iovcnt, iface_->maxIov(opcode));
     return UCS_ERR_INVALID_PARAM;
   }
-  ibv_sge sge[32];
+  ibv_sge sge[kMaxSge];
   int nsge = 0;
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < iovcnt; ++i) {
@@ -660,6 +707,61 @@ ucs_status_t Ep::rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t io
     return UCS_ERR_INVALID_PARAM;
   }
 
+  // A READ larger than the iface's READ size goes out as several work requests; only the last
+  // carries the caller's completion (RC completes them in order, and a failure of any fails the
+  // endpoint, so the last one's status is the operation's).
+  std::uint64_t part = total;
+  std::size_t nwr = 1;
+  if (opcode == IBV_WR_RDMA_READ && total > iface_->readSize()) {
+    const std::size_t most = std::min<std::size_t>(ring_.size(), iface_->cq_len_);
+    part = iface_->readSize();
+    nwr = static_cast<std::size_t>((total + part - 1) / part);
+    if (nwr > most) {  // a short send queue: fewer, larger READs
+      part = (total + most - 1) / most;
+      nwr = static_cast<std::size_t>((total + part - 1) / part);
+    }
+  }
+  need_slots_ = nwr;  // what pendingAdd/dispatch wait for when refused now
+  if (!canPost()) return UCS_ERR_NO_RESOURCE;
+  need_slots_ = 1;
+  const auto rkey32 = static_cast<std::uint32_t>(rkey);
+  if (nwr == 1) return postOne(opcode, sge, nsge, remote_addr, rkey32, comp);
+
+  ibv_sge piece[kMaxSge];
+  int cur = 0;             // sge[cur] is being split
+  std::uint32_t used = 0;  // bytes of sge[cur] already posted
+  std::uint64_t done = 0;
+  for (std::size_t w = 0; w < nwr; ++w) {
+    std::uint64_t want = std::min(part, total - done);
+    const std::uint64_t len = want;
+    int n = 0;
+    while (want > 0) {
+      const auto take =
+          static_cast<std::uint32_t>(std::min<std::uint64_t>(want, sge[cur].length - used));
+      piece[n] = sge[cur];
+      piece[n].addr += used;
+      piece[n].length = take;
+      ++n;
+      used += take;
+      want -= take;
+      if (used == sge[cur].length) {
+        ++cur;
+        used = 0;
+      }
+    }
+    const ucs_status_t st = postOne(opcode, piece, n, remote_addr + done, rkey32,
+                                    w + 1 == nwr ? comp : nullptr);
+    if (st != UCS_INPROGRESS) {
+      // The READs already posted complete without a callback; the operation as a whole failed.
+      return w == 0 ? st : UCS_ERR_IO_ERROR;
+    }
+    done += len;
+  }
+  return UCS_INPROGRESS;
+}
+
+ucs_status_t Ep::postOne(ibv_wr_opcode opcode, ibv_sge* sge, int nsge, std::uint64_t remote_addr,
+                         std::uint32_t rkey, uct_completion_t* comp) noexcept {
   ibv_send_wr wr{};
   ibv_send_wr* bad = nullptr;
   wr.wr_id = reinterpret_cast<std::uintptr_t>(this);
@@ -673,7 +775,7 @@ ucs_status_t Ep::rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t io
     fence_epoch_ = iface_->fenceEpoch();
   }
   wr.wr.rdma.remote_addr = remote_addr;
-  wr.wr.rdma.rkey = static_cast<std::uint32_t>(rkey);
+  wr.wr.rdma.rkey = rkey;
   if (const int rc = ibv_post_send(qp_, &wr, &bad); rc != 0) {
     ucs_error("gmd_rc: ibv_post_send: %s", std::strerror(rc));
     return rc == ENOMEM ? UCS_ERR_NO_RESOURCE : UCS_ERR_IO_ERROR;

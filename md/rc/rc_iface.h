@@ -41,6 +41,7 @@ struct IfaceConfig {
   unsigned tx_cq_len;         // TX_CQ_LEN: completions in flight per iface
   unsigned max_iov;           // MAX_IOV
   unsigned max_rd_atomic;     // MAX_RD_ATOMIC: RDMA READs in flight per endpoint
+  std::size_t max_read;       // MAX_READ: bytes of one RDMA READ work request (UCS_MEMUNITS_AUTO)
   unsigned long gid_index;    // GID_INDEX (UCS_ULUNITS_AUTO: choose)
   double timeout;             // TIMEOUT: transport retransmission timeout, seconds
   unsigned retry_count;       // RETRY_COUNT
@@ -110,8 +111,12 @@ class Ep {
 
   explicit Ep(Iface* iface);
   ~Ep();
+  // Room for the next operation: need_slots_ work requests (more than one for a get split into
+  // several READs, see Iface::readSize).
   bool canPost() const noexcept;
   bool full() const noexcept { return inflight_ == ring_.size(); }
+  ucs_status_t postOne(ibv_wr_opcode opcode, ibv_sge* sge, int nsge, std::uint64_t remote_addr,
+                       std::uint32_t rkey, uct_completion_t* comp) noexcept;
 
   EpHandle handle_{};
   Iface* iface_;
@@ -131,6 +136,7 @@ class Ep {
   std::size_t inflight_ = 0;
   std::uint64_t posted_ = 0;
   std::uint64_t completed_ = 0;
+  std::size_t need_slots_ = 1;  // work requests the last refused operation needs
   std::deque<FlushWaiter> flushes_;
   std::deque<uct_pending_req_t*> pending_;
   bool in_pending_list_ = false;
@@ -164,6 +170,9 @@ class Iface {
   std::size_t maxIov(ibv_wr_opcode opcode) const noexcept {
     return opcode == IBV_WR_RDMA_READ ? max_read_sge_ : settings_.max_send_sge;
   }
+  // Bytes per RDMA READ work request: a get_zcopy larger than this is posted as several READs,
+  // completed together (UCX_GMD_RC_MAX_READ; defaultReadSize in md/rc/rc_iface.cc explains the soft-RoCE default).
+  std::size_t readSize() const noexcept { return max_read_; }
 
  private:
   friend class Ep;
@@ -185,6 +194,7 @@ class Iface {
   PortInfo port_{};
   QpSettings settings_{};
   std::size_t max_read_sge_ = 1;
+  std::size_t max_read_ = 0;
   std::uint64_t max_msg_ = 0;
   ibv_cq* cq_ = nullptr;
   ibv_cq* passive_cq_ = nullptr;
