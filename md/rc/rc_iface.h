@@ -171,7 +171,8 @@ class Iface {
     return opcode == IBV_WR_RDMA_READ ? max_read_sge_ : settings_.max_send_sge;
   }
   // Bytes per RDMA READ work request: a get_zcopy larger than this is posted as several READs,
-  // completed together (UCX_GMD_RC_MAX_READ; defaultReadSize in md/rc/rc_iface.cc explains the soft-RoCE default).
+  // completed together (UCX_GMD_RC_MAX_READ; defaultReadSize in md/rc/rc_iface.cc explains the
+  // soft-RoCE default).
   std::size_t readSize() const noexcept { return max_read_; }
 
  private:
