@@ -21,11 +21,9 @@ ulimit -l unlimited 2>/dev/null
 [[ -n $(ls /sys/class/infiniband 2>/dev/null) ]] || { echo "FAIL: no RDMA devices"; exit 1; }
 command -v mpirun >/dev/null || { echo "FAIL: no mpirun (Debian package openmpi-bin)"; exit 1; }
 export LD_PRELOAD=$plugin UCX_TLS=${UCX_TLS:-gmd_rc,tcp,self} UCX_GMD_PRINT_STATS=y
-# soft-RoCE stalls RDMA READ responses until the retransmission timer fires; see docs/transport.md.
-export UCX_RNDV_SCHEME=${UCX_RNDV_SCHEME:-put_zcopy}
 out=$(timeout 600 mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ucx \
         --mca pml_ucx_tls any --mca pml_ucx_devices any --mca btl self \
-        -x LD_PRELOAD -x UCX_TLS -x UCX_GMD_PRINT_STATS -x UCX_RNDV_SCHEME \
+        -x LD_PRELOAD -x UCX_TLS -x UCX_GMD_PRINT_STATS \
         "$0" --rank "$prog" "$@" 2>&1)
 rc=$?
 echo "$out"

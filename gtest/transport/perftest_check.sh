@@ -1,7 +1,12 @@
 #!/bin/bash
-# ucx_perftest at UCT level over gmd_rc, server and client as two processes: put_bw and get with
-# zero-copy at several sizes up to 8 MiB. The client runs on the second RDMA device when there is one
-# (rxe1 -> rxe0 in the soft-RoCE VM), else on the first.
+# ucx_perftest over gmd_rc, server and client as two processes. The client runs on the second RDMA
+# device when there is one (rxe1 -> rxe0 in the soft-RoCE VM), else on the first.
+#  - UCT: put_bw and get with zero-copy at several sizes up to 8 MiB.
+#  - UCP: tag_bw of 1 MiB and 4 MiB messages with UCX's default rendezvous scheme (get_zcopy: the
+#    receiving server RDMA-READs from the client). A hang check, not a benchmark: the messages must
+#    all arrive within a deadline that a working transport meets many times over even in the VM,
+#    while one lost READ response per message (a QP retransmission timeout, 1 s, each; soft-RoCE
+#    before gmd_rc split large READs) misses it.
 # Usage: perftest_check.sh PATH/TO/libuct_gmd.so
 set -u
 plugin=$1
@@ -42,6 +47,42 @@ for test in put_bw get; do
     port=$((port + 1))
   done
 done
+
+unset UCX_RNDV_SCHEME
+netdev_of() { rdma link show "$1" 2>/dev/null | sed -n 's/.*netdev \([^ ]*\).*/\1/p'; }
+client_nd=$(netdev_of "${devs[-1]}/1")
+deadline=120
+for size in 1048576 4194304; do
+  iters=$((size >= 4194304 ? 25 : 100))
+  args=(-t tag_bw -s "$size" -n "$iters" -w 2 -p "$port")
+  UCX_TLS=gmd_rc,tcp,self UCX_NET_DEVICES=$server_dev,${nd:-lo} UCX_GMD_PRINT_STATS=y \
+    timeout "$deadline" ucx_perftest "${args[@]}" >server.log 2>&1 &
+  spid=$!
+  sleep 2
+  start=$SECONDS
+  out=$(UCX_TLS=gmd_rc,tcp,self UCX_NET_DEVICES=$client_dev,${client_nd:-lo} \
+        timeout "$deadline" ucx_perftest "$server_ip" "${args[@]}" 2>&1)
+  crc=$?
+  wait "$spid"
+  src=$?
+  line=$(echo "$out" | grep '^Final:')
+  if ((crc == 124 || src == 124)); then
+    echo "FAIL: UCP tag_bw $size B, default rendezvous: $iters messages not done within ${deadline} s (stalled)"
+    fail=1
+  elif ((crc != 0 || src != 0)) || [[ -z $line ]]; then
+    echo "FAIL: UCP tag_bw $size B ($client_dev -> $server_dev): client rc=$crc server rc=$src"
+    echo "$out" | tail -n 5
+    tail -n 5 server.log
+    fail=1
+  elif ! grep -Eq '^gmd [^ ]+: reg_hits=[1-9]' server.log; then
+    echo "FAIL: UCP tag_bw $size B: gmd's counters show no registration hits (gmd_rc did not carry it)"
+    fail=1
+  else
+    echo "UCP tag_bw $size B $client_dev -> $server_dev, default rendezvous: $iters messages in" \
+      "$((SECONDS - start)) s, $(echo "$line" | awk '{ printf "%s MB/s", $7 }')"
+  fi
+  port=$((port + 1))
+done
 rm -f server.log
-[ $fail -eq 0 ] && echo "PASS: ucx_perftest put_bw/get zcopy over gmd_rc"
+[ $fail -eq 0 ] && echo "PASS: ucx_perftest put_bw/get zcopy and UCP tag_bw over gmd_rc"
 exit $fail
