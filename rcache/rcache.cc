@@ -1421,9 +1421,27 @@ bool CacheImpl::rewriteLeaf_locked(std::size_t i, RegionImpl* add, RegionImpl* d
   return true;
 }
 
-// Sorts a list linked by next_unindex_ by start (merge sort; no allocation).
+// Reverses a list linked by next_unindex_.
+RegionImpl* reverse(RegionImpl* list) noexcept {
+  RegionImpl* reversed = nullptr;
+  while (list != nullptr) {
+    RegionImpl* next = list->next_unindex_;
+    list->next_unindex_ = reversed;
+    reversed = list;
+    list = next;
+  }
+  return reversed;
+}
+
+// Sorts a list linked by next_unindex_ by start (merge sort; no allocation). An invalidation
+// queues the regions of its range in descending order: that case is a reversal.
 RegionImpl* sortByStart(RegionImpl* list) noexcept {
   if (list == nullptr || list->next_unindex_ == nullptr) return list;
+  bool descending = true;
+  for (RegionImpl* r = list; descending && r->next_unindex_ != nullptr; r = r->next_unindex_) {
+    descending = r->next_unindex_->start() < r->start();
+  }
+  if (descending) return reverse(list);
   RegionImpl* slow = list;  // split in halves
   for (RegionImpl* fast = list->next_unindex_; fast != nullptr && fast->next_unindex_ != nullptr;
        fast = fast->next_unindex_->next_unindex_) {
@@ -1459,18 +1477,22 @@ bool CacheImpl::purge_locked() noexcept {
       batch = next;
     }
   };
+  // From the highest leaf down: a leaf that shrinks merges preferably with the one above it,
+  // already purged by then.
+  list = reverse(list);
   while (list != nullptr) {
-    // The regions of one leaf: those whose start is below the next leaf's key.
+    // The regions of one leaf: those whose start is at or above its key (in ascending order).
     const Top* top = current_locked();
     const std::size_t i = top->leafFor(list->start());
-    const std::uintptr_t limit = i + 1 < top->size ? top->slots()[i + 1].key : UINTPTR_MAX;
-    RegionImpl* batch = list;
+    const std::uintptr_t key = top->slots()[i].key;
     RegionImpl* last = list;
-    while (last->next_unindex_ != nullptr && last->next_unindex_->start() < limit) {
+    while (last->next_unindex_ != nullptr && last->next_unindex_->start() >= key) {
       last = last->next_unindex_;
     }
+    RegionImpl* batch = list;
     list = last->next_unindex_;
     last->next_unindex_ = nullptr;
+    batch = reverse(batch);
     if (!rewriteLeaf_locked(i, nullptr, batch)) {
       retryAll(batch);
       continue;
