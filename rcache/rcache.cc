@@ -203,8 +203,8 @@ struct Entry {
 //
 // Writers replace a changed leaf in place (an atomic store into its Top slot) and publish a new Top
 // only when leaves are split, merged or dropped, so a miss or an invalidation copies one leaf of
-// at most kLeafMax entries, plus, once every ~kLeafMax/2 insertions into a leaf, the Top (n/32
-// slots at worst, 16 bytes each).
+// at most kLeafMax entries, plus, once every ~kLeafMax/2 insertions into a leaf, the Top (one
+// 16-byte slot per leaf).
 constexpr std::size_t kLeafMax = 64;
 constexpr std::size_t kLeafMin = 16;  // a smaller leaf merges with a neighbour when they fit in one
 
