@@ -4,7 +4,6 @@
 // handles and remote keys, completions, flush, fence, the pending queue while an endpoint connects,
 // failures (unreachable peer, revoked remote key).
 #include <arpa/inet.h>
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
@@ -19,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "gtest/rxe/uct_fixture.h"
 #include "gtest/rxe/verbs_fixture.h"
 
 namespace gmd::test {
@@ -26,47 +26,9 @@ namespace {
 
 const std::size_t kPage = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
 
-class PluginEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    handle_ = dlopen(GMD_PLUGIN_PATH, RTLD_NOW | RTLD_GLOBAL);
-    ASSERT_NE(nullptr, handle_) << dlerror();
-  }
+const bool kPluginLoaded = loadGmdPluginFirst();
 
- private:
-  void* handle_ = nullptr;
-};
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new PluginEnvironment);
-
-uct_component_h findGmd() {
-  uct_component_h* comps = nullptr;
-  unsigned n = 0;
-  if (uct_query_components(&comps, &n) != UCS_OK) return nullptr;
-  uct_component_h found = nullptr;
-  for (unsigned i = 0; i < n && found == nullptr; ++i) {
-    uct_component_attr_t attr{};
-    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME;
-    if (uct_component_query(comps[i], &attr) == UCS_OK && std::strcmp(attr.name, "gmd") == 0) {
-      found = comps[i];
-    }
-  }
-  uct_release_component_list(comps);
-  return found;
-}
-
-// A private anonymous mapping, unmapped on destruction.
-struct Mapping {
-  explicit Mapping(std::size_t len) : length(len) {
-    addr = static_cast<std::uint8_t*>(
-        mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    if (addr == MAP_FAILED) addr = nullptr;
-  }
-  ~Mapping() {
-    if (addr != nullptr) munmap(addr, length);
-  }
-  std::uint8_t* addr;
-  std::size_t length;
-};
+uct_component_h findGmd() { return findComponent("gmd"); }
 
 // A completion that counts its calls and keeps the last status.
 struct Comp {
