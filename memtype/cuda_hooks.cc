@@ -76,8 +76,13 @@ std::atomic<std::uint64_t> g_foreign{0};
 thread_local int t_depth = 0;
 struct DepthGuard {
   bool outer;
-  DepthGuard() noexcept : outer(t_depth++ == 0) {}
-  ~DepthGuard() { --t_depth; }
+  DepthGuard() noexcept : outer(t_depth++ == 0) {
+    if (outer) freeBegin();
+  }
+  ~DepthGuard() {
+    if (outer) freeEnd();
+    --t_depth;
+  }
   DepthGuard(const DepthGuard&) = delete;
   DepthGuard& operator=(const DepthGuard&) = delete;
 };

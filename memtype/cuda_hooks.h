@@ -36,5 +36,10 @@ struct Range {
 Range onDeviceFree(CuDevicePtr ptr) noexcept;
 void onRangeFree(std::uintptr_t start, std::size_t length) noexcept;
 void afterFree(Range range) noexcept;
+// Bracket every intercepted free (outermost wrapper only): while one is in flight, classify() does
+// not cache what the driver answers, since the allocation it describes may be about to go (or gone
+// and its address reused) before afterFree() could drop the entry.
+void freeBegin() noexcept;
+void freeEnd() noexcept;
 
 }  // namespace gmd::memtype::detail

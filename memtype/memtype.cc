@@ -52,6 +52,8 @@ std::atomic<FreeMode> g_mode{FreeMode::kHooks};
 std::shared_mutex g_cache_lock;
 std::map<std::uintptr_t, Info>* g_ranges = nullptr;  // never destroyed: hooks may run at exit
 std::atomic<std::uint64_t> g_generation{1};
+// Intercepted frees between their entry and their return (see detail::freeBegin).
+std::atomic<int> g_frees_in_flight{0};
 
 // Plain fields (no constructor) so that the thread-local needs no initialisation guard.
 struct Memo {
@@ -240,6 +242,14 @@ void afterFree(Range range) noexcept {
   if (range.length != 0) forget(range.start, range.length);
 }
 
+void freeBegin() noexcept { g_frees_in_flight.fetch_add(1, std::memory_order_seq_cst); }
+
+void freeEnd() noexcept {
+  // A lookup that queried the driver while the free ran sees the generation move and does not cache.
+  g_generation.fetch_add(1, std::memory_order_seq_cst);
+  g_frees_in_flight.fetch_sub(1, std::memory_order_seq_cst);
+}
+
 void simulateNoDriver(bool on) noexcept {
   static int saved = kUnknown;
   if (on) {
@@ -315,8 +325,10 @@ Info Classifier::classify(const void* address, std::size_t length) noexcept {
     if (info.type == MemType::kHost) return info;
     {
       std::unique_lock<std::shared_mutex> lock(g_cache_lock);
-      // A free that ran since the query started may concern this very range: do not cache then.
-      if (g_generation.load(std::memory_order_acquire) == gen) {
+      // A free that ran since the query started, or is running now, may concern this very range
+      // (or its address reused by a new allocation): answer without caching then.
+      if (g_generation.load(std::memory_order_seq_cst) == gen &&
+          g_frees_in_flight.load(std::memory_order_seq_cst) == 0) {
         eraseOverlapsLocked(info.base, info.size);
         try {
           g_ranges->emplace(info.base, info);
