@@ -296,23 +296,15 @@ Status GpuDirectBackend::reg(std::uintptr_t start, std::size_t length, unsigned 
   }
   const int vaccess = verbsAccess(access);
   switch (type) {
-    case MemType::kHost: {
-      ibv_mr* mr = nullptr;
-      const Status s = regPlain(start, length, vaccess, &mr);
-      if (s != Status::kOk) return s;
-      host_regs_.fetch_add(1, std::memory_order_relaxed);
-      out->handle = mr;
-      out->lkey = mr->lkey;
-      out->rkey = mr->rkey;
-      return Status::kOk;
-    }
-    case MemType::kCudaManaged: {
+    case MemType::kCudaManaged:
       if (config_.managed != ManagedPolicy::kHostPages) {
         unsupported_.fetch_add(1, std::memory_order_relaxed);
         detail::log(LogLevel::kDebug, "managed memory %#lx+%zu not registered (policy refuse)",
                     static_cast<unsigned long>(start), length);
         return Status::kUnsupported;
       }
+      [[fallthrough]];  // kHostPages: registered as the host pages it is backed by
+    case MemType::kHost: {
       ibv_mr* mr = nullptr;
       const Status s = regPlain(start, length, vaccess, &mr);
       if (s != Status::kOk) return s;
