@@ -9,16 +9,13 @@
 #include <cstring>
 #include <random>
 
+#include "md/rc/rc_gid.h"
+
 namespace gmd::test {
 namespace {
 
 std::string errnoText(const char* what, int err) {
   return std::string(what) + ": " + std::strerror(err);
-}
-
-bool isIpv4Mapped(const ibv_gid& gid) {
-  static const std::uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  return std::memcmp(gid.raw, kPrefix, sizeof(kPrefix)) == 0;
 }
 
 }  // namespace
@@ -37,24 +34,6 @@ std::vector<std::string> rdmaDeviceNames() {
 bool insideRxeVm() {
   const char* v = std::getenv("GMD_RXE_VM");
   return v != nullptr && std::strcmp(v, "1") == 0;
-}
-
-int selectRoceGid(ibv_context* ctx, std::uint8_t port, ibv_gid* gid) {
-  ibv_port_attr attr{};
-  if (ibv_query_port(ctx, port, &attr) != 0) return -1;
-  int best = -1, best_rank = 0;
-  for (int i = 0; i < attr.gid_tbl_len; ++i) {
-    ibv_gid_entry entry{};
-    if (ibv_query_gid_ex(ctx, port, i, &entry, 0) != 0) continue;
-    const bool v2 = entry.gid_type == IBV_GID_TYPE_ROCE_V2;
-    const int rank = v2 ? (isIpv4Mapped(entry.gid) ? 3 : 2) : 1;
-    if (rank > best_rank) {
-      best = i;
-      best_rank = rank;
-      *gid = entry.gid;
-    }
-  }
-  return best;
 }
 
 std::unique_ptr<VerbsPort> VerbsPort::open(const std::string& device, std::string* error,
@@ -107,7 +86,7 @@ bool VerbsPort::init(std::string* error) {
     return false;
   }
   if (isEthernet()) {
-    gid_index_ = selectRoceGid(ctx_, port_, &gid_);
+    gid_index_ = md::rc::selectRoceGid(ctx_, port_, &gid_);
     if (gid_index_ < 0) {
       *error = name_ + ": no usable RoCE GID";
       return false;

@@ -2,7 +2,7 @@
 //
 // It opens real RDMA devices through rdma-core, brings up RC queue pairs between two of them with QP
 // numbers and GIDs exchanged in-process, and posts RDMA WRITE/READ work requests. On RoCE ports it uses
-// the RoCEv2 GID of the port's IPv4 address; on InfiniBand ports the LID.
+// the GID gmd_rc would choose (md/rc/rc_gid.h); on InfiniBand ports the LID.
 //
 // Thread safety: none; one fixture object per test thread.
 #pragma once
@@ -76,10 +76,6 @@ class VerbsPort {
   int gid_index_ = -1;
   ibv_gid gid_{};
 };
-
-// Picks the GID index to use on a RoCE port: RoCEv2 with an IPv4-mapped address first, then any RoCEv2,
-// then RoCEv1. -1 when the table holds no usable entry.
-int selectRoceGid(ibv_context* ctx, std::uint8_t port, ibv_gid* gid);
 
 // What a peer needs to connect an RC QP to us.
 struct RcAddress {

@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "md/rc/rc_iface.h"
+#include "md/rc/rc_config.h"
 
 namespace gmd::md::rc {
 namespace {

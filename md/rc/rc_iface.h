@@ -9,6 +9,11 @@
 // callers use the pending queue. The TCP connection stays open for the endpoint's lifetime: when the
 // peer's endpoint goes away (or its process dies) the passive QP is destroyed.
 //
+// Files: rc_config.* (UCX_GMD_RC_* and derived limits), rc_iface.* (this: the iface, its send CQ,
+// progress, UCX-facing attributes), rc_ep.* (endpoint operations), rc_connect.* and rc_listener.*
+// (connection set-up, both sides), rc_recv.* (receive path), rc_qp.* / rc_gid.h (verbs plumbing),
+// rc_wire.* (formats), rc_transport.cc (the UCX ops tables).
+//
 // Thread safety: an iface and its endpoints are used by one thread at a time (UCT's contract); the
 // listener thread touches only the passive QPs and its sockets.
 #pragma once
@@ -16,14 +21,16 @@
 #include <infiniband/verbs.h>
 #include <uct/api/uct.h>
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <vector>
 
-#include "md/rc/rc_wire.h"
+#include "md/rc/rc_config.h"
+#include "md/rc/rc_ep.h"
+#include "md/rc/rc_qp.h"
+#include "md/rc/rc_recv.h"
 #include "md/ucx_abi.h"
 
 namespace gmd::md {
@@ -32,117 +39,11 @@ class Md;
 
 namespace gmd::md::rc {
 
-inline constexpr const char* kTransportName = "gmd_rc";
-
-// UCX_GMD_RC_* (uct_iface_config_table's fields come first: UCX_GMD_RC_ALLOC, ...).
-struct IfaceConfig {
-  ucx::IfaceConfigBase super;
-  unsigned tx_queue_len;      // TX_QUEUE_LEN: work requests in flight per endpoint
-  unsigned tx_cq_len;         // TX_CQ_LEN: completions in flight per iface
-  unsigned max_iov;           // MAX_IOV
-  unsigned max_rd_atomic;     // MAX_RD_ATOMIC: RDMA READs in flight per endpoint
-  std::size_t max_read;       // MAX_READ: bytes of one RDMA READ work request (UCS_MEMUNITS_AUTO)
-  unsigned long gid_index;    // GID_INDEX (UCS_ULUNITS_AUTO: choose)
-  double timeout;             // TIMEOUT: transport retransmission timeout, seconds
-  unsigned retry_count;       // RETRY_COUNT
-  double connect_timeout;     // CONNECT_TIMEOUT, seconds
-  double latency;             // LATENCY reported to UCX, seconds
-  double overhead;            // OVERHEAD reported to UCX, seconds
-};
-extern ucs_config_field_t kIfaceConfigTable[];
-inline constexpr const char* kIfaceConfigPrefix = "GMD_RC_";
-
-// What a port offers, queried once per iface.
-struct PortInfo {
-  std::uint8_t num = 1;
-  ibv_port_attr attr{};
-  int gid_index = 0;
-  ibv_gid gid{};
-  bool ethernet = false;
-  std::uint32_t oob_ipv4_be = 0;  // address the listener is reached at
-};
-
-// "rxe0:1" → port 1 of the MD's device; UCS_ERR_NO_DEVICE for another device or a bad port.
-ucs_status_t parsePortName(const char* dev_name, const char* md_name, std::uint8_t* port) noexcept;
-
-// The QP settings both sides use (from the config and the device limits).
-struct QpSettings {
-  unsigned tx_queue_len = 0;
-  unsigned max_send_sge = 1;
-  unsigned max_rd_atomic = 1;       // initiator depth (active QPs)
-  unsigned max_dest_rd_atomic = 1;  // responder resources (passive QPs)
-  std::uint8_t timeout = 14;
-  std::uint8_t retry_count = 7;
-};
-
-class Iface;
 class Listener;
 
 struct IfaceHandle {
   ucx::BaseIface base;  // first: libuct reads it
   Iface* self;
-};
-
-class Ep;
-struct EpHandle {
-  uct_ep_t super;  // first: libuct reads it
-  Ep* self;
-};
-
-class Ep {
- public:
-  static Ep* from(uct_ep_h ep) noexcept { return reinterpret_cast<EpHandle*>(ep)->self; }
-  uct_ep_h handle() noexcept { return &handle_.super; }
-
-  ucs_status_t rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t iovcnt,
-                    std::uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t* comp) noexcept;
-  ucs_status_t pendingAdd(uct_pending_req_t* req, unsigned flags) noexcept;
-  void pendingPurge(uct_pending_purge_callback_t cb, void* arg) noexcept;
-  ucs_status_t flush(unsigned flags, uct_completion_t* comp) noexcept;
-  ucs_status_t fence() noexcept;
-
- private:
-  friend class Iface;
-  enum class State { kConnecting, kReady, kFailed };
-  struct FlushWaiter {
-    std::uint64_t sn;
-    uct_completion_t* comp;
-  };
-
-  explicit Ep(Iface* iface);
-  ~Ep();
-  // Room for the next operation: need_slots_ work requests (more than one for a get split into
-  // several READs, see Iface::readSize).
-  bool canPost() const noexcept;
-  bool full() const noexcept { return inflight_ == ring_.size(); }
-  ucs_status_t postOne(ibv_wr_opcode opcode, ibv_sge* sge, int nsge, std::uint64_t remote_addr,
-                       std::uint32_t rkey, uct_completion_t* comp) noexcept;
-
-  EpHandle handle_{};
-  Iface* iface_;
-  ibv_qp* qp_ = nullptr;
-  int fd_ = -1;
-  State state_ = State::kConnecting;
-  bool request_sent_ = false;
-  std::size_t io_done_ = 0;
-  std::uint8_t io_buf_[kHandshakeSize] = {};
-  std::uint32_t psn_ = 0;
-  std::chrono::steady_clock::time_point deadline_{};
-  ucs_status_t error_ = UCS_OK;
-  bool error_reported_ = false;
-  // Completions of posted work requests, oldest first (RC completes in order).
-  std::vector<uct_completion_t*> ring_;
-  std::size_t ring_head_ = 0;
-  std::size_t inflight_ = 0;
-  std::uint64_t posted_ = 0;
-  std::uint64_t completed_ = 0;
-  std::size_t need_slots_ = 1;  // work requests the last refused operation needs
-  std::deque<FlushWaiter> flushes_;
-  std::deque<uct_pending_req_t*> pending_;
-  bool in_pending_list_ = false;
-  bool fence_ = false;
-  unsigned fence_epoch_ = 0;
-  bool destroyed_ = false;
 };
 
 class Iface {
@@ -165,15 +66,16 @@ class Iface {
   ucs_status_t flush(unsigned flags, uct_completion_t* comp) noexcept;
   ucs_status_t fence() noexcept;
 
+  const char* name() const noexcept;
   unsigned fenceEpoch() const noexcept { return fence_epoch_; }
   bool hasTxCredit() const noexcept { return tx_free_ > 0; }
   std::size_t maxIov(ibv_wr_opcode opcode) const noexcept {
-    return opcode == IBV_WR_RDMA_READ ? max_read_sge_ : settings_.max_send_sge;
+    return opcode == IBV_WR_RDMA_READ ? limits_.max_read_sge : limits_.qp.max_send_sge;
   }
   // Bytes per RDMA READ work request: a get_zcopy larger than this is posted as several READs,
-  // completed together (UCX_GMD_RC_MAX_READ; defaultReadSize in md/rc/rc_iface.cc explains the
+  // completed together (UCX_GMD_RC_MAX_READ; defaultReadSize in md/rc/rc_config.cc explains the
   // soft-RoCE default).
-  std::size_t readSize() const noexcept { return max_read_; }
+  std::size_t readSize() const noexcept { return limits_.max_read; }
 
  private:
   friend class Ep;
@@ -181,9 +83,9 @@ class Iface {
   ucs_status_t init(Md* md, const char* dev_name, const IfaceConfig& config) noexcept;
   unsigned pollCq() noexcept;
   unsigned progressConnections() noexcept;
-  void stepConnection(Ep* ep, short revents) noexcept;
-  void connectionFailed(Ep* ep, ucs_status_t status, const char* why) noexcept;
   void connectionReady(Ep* ep, const Handshake& reply) noexcept;
+  void connectionFailed(Ep* ep, ucs_status_t status, const char* why) noexcept;
+  void failed(Ep* ep) noexcept;  // queue the error handler call for a just-failed endpoint
   void schedulePending(Ep* ep) noexcept;
   unsigned dispatchPending() noexcept;
   void reportFailures() noexcept;
@@ -193,21 +95,16 @@ class Iface {
   IfaceHandle handle_{};
   Md* md_ = nullptr;
   PortInfo port_{};
-  QpSettings settings_{};
-  std::size_t max_read_sge_ = 1;
-  std::size_t max_read_ = 0;
-  std::uint64_t max_msg_ = 0;
-  ibv_cq* cq_ = nullptr;
-  ibv_cq* passive_cq_ = nullptr;
-  unsigned cq_len_ = 0;
-  unsigned tx_free_ = 0;
+  Limits limits_{};
+  ibv_cq* cq_ = nullptr;  // send completions of every endpoint
+  unsigned tx_free_ = 0;  // send CQ credits
+  RecvPath recv_;
   double connect_timeout_ = 0;
   double latency_ = 0;
   double overhead_ = 0;
   std::uint16_t listen_port_be_ = 0;
   unsigned fence_epoch_ = 0;
   bool in_progress_ = false;
-  unsigned idle_calls_ = 0;
   std::vector<Ep*> eps_;         // live endpoints
   std::vector<Ep*> connecting_;  // subset still connecting
   std::deque<Ep*> pending_eps_;  // endpoints with pending requests

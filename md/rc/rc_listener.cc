@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "md/rc/rc_connect.h"
 #include "md/rc/rc_qp.h"
 
 namespace gmd::md::rc {
@@ -19,38 +20,6 @@ namespace {
 
 // How long the thread waits for a requester that connected to send its handshake.
 constexpr int kHandshakeTimeoutSec = 10;
-
-bool recvAll(int fd, void* buf, std::size_t len) {
-  auto* p = static_cast<std::uint8_t*>(buf);
-  while (len > 0) {
-    const ssize_t n = recv(fd, p, len, 0);
-    if (n > 0) {
-      p += n;
-      len -= static_cast<std::size_t>(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
-
-bool sendAll(int fd, const void* buf, std::size_t len) {
-  const auto* p = static_cast<const std::uint8_t*>(buf);
-  while (len > 0) {
-    const ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-    if (n > 0) {
-      p += n;
-      len -= static_cast<std::size_t>(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -143,7 +112,8 @@ void Listener::accept() noexcept {
 
   std::uint8_t buf[kHandshakeSize];
   Handshake request;
-  if (!recvAll(fd, buf, sizeof(buf))) {
+  std::size_t got = 0;
+  if (socketIo(fd, IoDirection::kRecv, buf, sizeof(buf), &got) != IoResult::kDone) {
     ucs_diag("gmd_rc %s: a peer connected but sent no handshake", name_.c_str());
     close(fd);
     return;
@@ -168,7 +138,9 @@ void Listener::accept() noexcept {
     ucs_error("gmd_rc %s: refusing a connection: %s", name_.c_str(), why.c_str());
   }
   packHandshake(reply, buf);
-  if (!sendAll(fd, buf, sizeof(buf)) || reply.status != 0) {
+  std::size_t sent = 0;
+  if (socketIo(fd, IoDirection::kSend, buf, sizeof(buf), &sent) != IoResult::kDone ||
+      reply.status != 0) {
     if (qp != nullptr) ibv_destroy_qp(qp);
     close(fd);
     return;

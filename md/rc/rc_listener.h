@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "md/rc/rc_iface.h"
+#include "md/rc/rc_qp.h"
 
 namespace gmd::md::rc {
 

@@ -14,38 +14,10 @@
 #include <chrono>
 #include <random>
 
+#include "md/rc/rc_gid.h"
+
 namespace gmd::md::rc {
 namespace {
-
-bool isIpv4Mapped(const ibv_gid& gid) {
-  static const std::uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  return std::memcmp(gid.raw, kPrefix, sizeof(kPrefix)) == 0;
-}
-
-bool isZero(const ibv_gid& gid) {
-  for (std::uint8_t b : gid.raw) {
-    if (b != 0) return false;
-  }
-  return true;
-}
-
-// Best RoCE GID of the port: RoCEv2 with an IPv4 address, then RoCEv2, then RoCEv1; -1 if none.
-int selectRoceGid(ibv_context* ctx, std::uint8_t port, int table_len, ibv_gid* gid) {
-  int best = -1, best_rank = 0;
-  for (int i = 0; i < table_len; ++i) {
-    ibv_gid_entry entry{};
-    if (ibv_query_gid_ex(ctx, port, static_cast<std::uint32_t>(i), &entry, 0) != 0) continue;
-    if (isZero(entry.gid)) continue;
-    const bool v2 = entry.gid_type == IBV_GID_TYPE_ROCE_V2;
-    const int rank = v2 ? (isIpv4Mapped(entry.gid) ? 3 : 2) : 1;
-    if (rank > best_rank) {
-      best_rank = rank;
-      best = i;
-      *gid = entry.gid;
-    }
-  }
-  return best;
-}
 
 std::uint32_t firstInterfaceIpv4() {
   ifaddrs* list = nullptr;
@@ -78,14 +50,14 @@ ucs_status_t queryPort(ibv_context* ctx, const std::string& dev, std::uint8_t po
   p.ethernet = p.attr.link_layer == IBV_LINK_LAYER_ETHERNET;
   if (gid_index != UCS_ULUNITS_AUTO) {
     if (gid_index >= static_cast<unsigned long>(p.attr.gid_tbl_len) ||
-        ibv_query_gid(ctx, port, static_cast<int>(gid_index), &p.gid) != 0 || isZero(p.gid)) {
+        ibv_query_gid(ctx, port, static_cast<int>(gid_index), &p.gid) != 0 || isZeroGid(p.gid)) {
       ucs_error("gmd_rc %s:%u: UCX_GMD_RC_GID_INDEX=%lu is not a valid GID of the port",
                 dev.c_str(), port, gid_index);
       return UCS_ERR_INVALID_PARAM;
     }
     p.gid_index = static_cast<int>(gid_index);
   } else if (p.ethernet) {
-    p.gid_index = selectRoceGid(ctx, port, p.attr.gid_tbl_len, &p.gid);
+    p.gid_index = selectRoceGid(ctx, port, &p.gid);
     if (p.gid_index < 0) {
       ucs_error("gmd_rc %s:%u: RoCE port without a usable GID (no IP address on its netdev?)",
                 dev.c_str(), port);
@@ -95,7 +67,7 @@ ucs_status_t queryPort(ibv_context* ctx, const std::string& dev, std::uint8_t po
     p.gid_index = 0;
     if (ibv_query_gid(ctx, port, 0, &p.gid) != 0) std::memset(&p.gid, 0, sizeof(p.gid));
   }
-  if (p.ethernet && isIpv4Mapped(p.gid)) {
+  if (p.ethernet && isIpv4MappedGid(p.gid)) {
     std::memcpy(&p.oob_ipv4_be, p.gid.raw + 12, 4);
   } else {
     p.oob_ipv4_be = firstInterfaceIpv4();

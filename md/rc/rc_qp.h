@@ -1,16 +1,30 @@
 // Verbs plumbing shared by gmd_rc's two connection sides: port and GID selection, the address the
 // connection listener is reached at, and RC QP state transitions.
+//
+// Thread safety: stateless functions over verbs calls (thread-safe); a QP is modified by one thread
+// at a time.
 #pragma once
 
 #include <infiniband/verbs.h>
 #include <ucs/type/status.h>
 
+#include <cstdint>
 #include <string>
 
-#include "md/rc/rc_iface.h"
+#include "md/rc/rc_config.h"
 #include "md/rc/rc_wire.h"
 
 namespace gmd::md::rc {
+
+// What a port offers, queried once per iface.
+struct PortInfo {
+  std::uint8_t num = 1;
+  ibv_port_attr attr{};
+  int gid_index = 0;
+  ibv_gid gid{};
+  bool ethernet = false;
+  std::uint32_t oob_ipv4_be = 0;  // address the listener is reached at
+};
 
 // Port attributes, the GID to use (RoCE: `gid_index`, or when that is UCS_ULUNITS_AUTO the RoCEv2
 // IPv4-mapped GID first, then any RoCEv2, then RoCEv1; InfiniBand: index 0 unless configured) and the

@@ -1,0 +1,222 @@
+#include "md/rc/rc_ep.h"
+
+#include <ucs/debug/log_def.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "md/rc/rc_iface.h"
+#include "rcache/rcache.h"
+
+namespace gmd::md::rc {
+namespace {
+
+// Records `status` in `comp` and calls it when its count reaches zero.
+void complete(uct_completion_t* comp, ucs_status_t status) {
+  if (comp == nullptr) return;
+  if (status != UCS_OK) comp->status = status;
+  if (--comp->count == 0) comp->func(comp);
+}
+
+}  // namespace
+
+Ep::Ep(Iface* iface) : iface_(iface) {
+  handle_.super.iface = iface->handle();
+  handle_.self = this;
+}
+
+Ep::~Ep() = default;
+
+bool Ep::canPost() const noexcept {
+  return state_ == State::kReady && ring_.size() - inflight_ >= need_slots_ &&
+         iface_->tx_free_ >= need_slots_;
+}
+
+ucs_status_t Ep::rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t iovcnt,
+                      std::uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t* comp) noexcept {
+  if (error_ != UCS_OK) return error_;
+  if (state_ != State::kReady) return UCS_ERR_NO_RESOURCE;
+  if (iovcnt > iface_->maxIov(opcode)) {
+    ucs_error("gmd_rc: %zu iov entries, at most %zu", iovcnt, iface_->maxIov(opcode));
+    return UCS_ERR_INVALID_PARAM;
+  }
+  ibv_sge sge[kMaxSge];
+  int nsge = 0;
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < iovcnt; ++i) {
+    const std::size_t len = iov[i].length * iov[i].count;
+    if (len == 0) continue;
+    if (iov[i].memh == UCT_MEM_HANDLE_NULL) {
+      ucs_error("gmd_rc: zero-copy buffer %p without a memory handle", iov[i].buffer);
+      return UCS_ERR_INVALID_PARAM;
+    }
+    if (iov[i].count > 1 && iov[i].stride != iov[i].length && iov[i].stride != 0) {
+      ucs_error("gmd_rc: strided iov entries are not supported");
+      return UCS_ERR_UNSUPPORTED;
+    }
+    sge[nsge].addr = reinterpret_cast<std::uintptr_t>(iov[i].buffer);
+    sge[nsge].length = static_cast<std::uint32_t>(len);
+    sge[nsge].lkey = static_cast<const rcache::Region*>(iov[i].memh)->registration().lkey;
+    ++nsge;
+    total += len;
+  }
+  if (nsge == 0) return UCS_OK;
+  if (total > iface_->limits_.max_msg) {
+    ucs_error("gmd_rc: %llu bytes exceed the port's maximal message size %llu",
+              static_cast<unsigned long long>(total),
+              static_cast<unsigned long long>(iface_->limits_.max_msg));
+    return UCS_ERR_INVALID_PARAM;
+  }
+
+  // A READ larger than the iface's READ size goes out as several work requests; only the last
+  // carries the caller's completion (RC completes them in order, and a failure of any fails the
+  // endpoint, so the last one's status is the operation's).
+  std::uint64_t part = total;
+  std::size_t nwr = 1;
+  if (opcode == IBV_WR_RDMA_READ && total > iface_->readSize()) {
+    const std::size_t most = std::min<std::size_t>(ring_.size(), iface_->limits_.cq_len);
+    part = iface_->readSize();
+    nwr = static_cast<std::size_t>((total + part - 1) / part);
+    if (nwr > most) {  // a short send queue: fewer, larger READs
+      part = (total + most - 1) / most;
+      nwr = static_cast<std::size_t>((total + part - 1) / part);
+    }
+  }
+  need_slots_ = nwr;  // what pendingAdd/dispatch wait for when refused now
+  if (!canPost()) return UCS_ERR_NO_RESOURCE;
+  need_slots_ = 1;
+  const auto rkey32 = static_cast<std::uint32_t>(rkey);
+  if (nwr == 1) return postOne(opcode, sge, nsge, remote_addr, rkey32, comp);
+
+  ibv_sge piece[kMaxSge];
+  int cur = 0;             // sge[cur] is being split
+  std::uint32_t used = 0;  // bytes of sge[cur] already posted
+  std::uint64_t done = 0;
+  for (std::size_t w = 0; w < nwr; ++w) {
+    std::uint64_t want = std::min(part, total - done);
+    const std::uint64_t len = want;
+    int n = 0;
+    while (want > 0) {
+      const auto take =
+          static_cast<std::uint32_t>(std::min<std::uint64_t>(want, sge[cur].length - used));
+      piece[n] = sge[cur];
+      piece[n].addr += used;
+      piece[n].length = take;
+      ++n;
+      used += take;
+      want -= take;
+      if (used == sge[cur].length) {
+        ++cur;
+        used = 0;
+      }
+    }
+    const ucs_status_t st = postOne(opcode, piece, n, remote_addr + done, rkey32,
+                                    w + 1 == nwr ? comp : nullptr);
+    if (st != UCS_INPROGRESS) {
+      // The READs already posted complete without a callback; the operation as a whole failed.
+      return w == 0 ? st : UCS_ERR_IO_ERROR;
+    }
+    done += len;
+  }
+  return UCS_INPROGRESS;
+}
+
+ucs_status_t Ep::postOne(ibv_wr_opcode opcode, ibv_sge* sge, int nsge, std::uint64_t remote_addr,
+                         std::uint32_t rkey, uct_completion_t* comp) noexcept {
+  ibv_send_wr wr{};
+  ibv_send_wr* bad = nullptr;
+  wr.wr_id = reinterpret_cast<std::uintptr_t>(this);
+  wr.sg_list = sge;
+  wr.num_sge = nsge;
+  wr.opcode = opcode;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  if (fence_ || fence_epoch_ != iface_->fenceEpoch()) {
+    wr.send_flags |= IBV_SEND_FENCE;
+    fence_ = false;
+    fence_epoch_ = iface_->fenceEpoch();
+  }
+  wr.wr.rdma.remote_addr = remote_addr;
+  wr.wr.rdma.rkey = rkey;
+  if (const int rc = ibv_post_send(qp_, &wr, &bad); rc != 0) {
+    ucs_error("gmd_rc: ibv_post_send: %s", std::strerror(rc));
+    return rc == ENOMEM ? UCS_ERR_NO_RESOURCE : UCS_ERR_IO_ERROR;
+  }
+  ring_[(ring_head_ + inflight_) % ring_.size()] = comp;
+  ++inflight_;
+  ++posted_;
+  --iface_->tx_free_;
+  return UCS_INPROGRESS;
+}
+
+ucs_status_t Ep::pendingAdd(uct_pending_req_t* req, unsigned) noexcept {
+  if (pending_.empty() && (canPost() || state_ == State::kFailed)) return UCS_ERR_BUSY;
+  try {
+    pending_.push_back(req);
+  } catch (...) {
+    return UCS_ERR_NO_MEMORY;
+  }
+  if (canPost()) iface_->schedulePending(this);
+  return UCS_OK;
+}
+
+void Ep::pendingPurge(uct_pending_purge_callback_t cb, void* arg) noexcept {
+  std::deque<uct_pending_req_t*> reqs;
+  reqs.swap(pending_);
+  for (uct_pending_req_t* req : reqs) {
+    if (cb != nullptr) cb(req, arg);
+  }
+}
+
+ucs_status_t Ep::flush(unsigned flags, uct_completion_t* comp) noexcept {
+  if (flags & UCT_FLUSH_FLAG_CANCEL) {
+    pending_.clear();
+    if (inflight_ > 0 && qp_ != nullptr) {
+      ibv_qp_attr a{};
+      a.qp_state = IBV_QPS_ERR;
+      ibv_modify_qp(qp_, &a, IBV_QP_STATE);
+      if (fail(UCS_ERR_CANCELED)) error_reported_ = true;  // the caller asked for it
+    }
+  } else if (!pending_.empty()) {
+    return UCS_ERR_NO_RESOURCE;
+  }
+  if (inflight_ == 0) return UCS_OK;
+  if (comp != nullptr) {
+    try {
+      flushes_.push_back({posted_, comp});
+    } catch (...) {
+      return UCS_ERR_NO_MEMORY;
+    }
+  }
+  return UCS_INPROGRESS;
+}
+
+ucs_status_t Ep::fence() noexcept {
+  fence_ = true;
+  return UCS_OK;
+}
+
+
+void Ep::completeOne(ucs_status_t status) noexcept {
+  uct_completion_t* comp = ring_[ring_head_];
+  ring_head_ = (ring_head_ + 1) % ring_.size();
+  --inflight_;
+  ++completed_;
+  if (destroyed_) return;
+  // Flush waiters covered by this completion, then the operation's own completion. Callbacks may
+  // post, flush or destroy this endpoint; the iface defers destruction to the end of progress.
+  complete(comp, status);
+  while (!flushes_.empty() && flushes_.front().sn <= completed_) {
+    uct_completion_t* f = flushes_.front().comp;
+    flushes_.pop_front();
+    complete(f, error_);
+  }
+}
+
+bool Ep::fail(ucs_status_t status) noexcept {
+  if (error_ != UCS_OK) return false;
+  error_ = status;
+  state_ = State::kFailed;
+  return true;
+}
+
+}  // namespace gmd::md::rc
