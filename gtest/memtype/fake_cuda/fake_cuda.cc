@@ -6,7 +6,14 @@
 //   cuGetProcAddress (11.3 and 12 signatures), cuMemAlloc(_v2), cuMemFree(_v2), cuMemAllocManaged,
 //   cuMemAllocAsync(_ptsz), cuMemFreeAsync(_ptsz), cuMemAddressReserve/Free, cuMemCreate, cuMemMap,
 //   cuMemUnmap, cuMemRelease, cuMemSetAccess, cuMemGetAllocationGranularity, cuPointerGetAttribute(s),
-//   cuMemGetAddressRange(_v2), cuMemGetHandleForAddressRange (a memfd stands in for the dma-buf).
+//   cuMemGetAddressRange(_v2), cuMemGetHandleForAddressRange (a memfd stands in for the dma-buf),
+//   cuDeviceGetPCIBusId, cuDevicePrimaryCtxRetain/Release, cuCtxSetCurrent/GetCurrent,
+//   cuCtxSynchronize, cuStreamSynchronize (contexts are tokens; setting one selects the device that
+//   later allocations land on, like the "current_device" control).
+//
+// PCI bus ids: device d answers GMD_FAKE_CUDA_PCI_BUS_IDS's d-th comma-separated entry when the
+// variable is set (read at each call), else 0000:<0x3b + d>:00.0. cuDeviceGetAttribute's PCI domain,
+// bus and device attributes agree with it.
 //
 // Allocations come first-fit from one arena placed below 4 GiB (so that the 32-bit cuMemFree v1 can
 // be exercised) and freed space is reused lowest address first, so a re-allocation of the same size
@@ -21,6 +28,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -91,6 +99,26 @@ long devices() {
   if (d >= 0) return d;
   const char* env = std::getenv("GMD_FAKE_CUDA_DEVICES");
   return env != nullptr ? std::atol(env) : GMD_FAKE_CUDA_DEFAULT_DEVICES;
+}
+
+// Device d's PCI address (see the top comment). False when the variable names no such entry or
+// the entry is not domain:bus:device.function in hex.
+bool pciAddress(int device, unsigned* domain, unsigned* bus, unsigned* slot, unsigned* function) {
+  const char* env = std::getenv("GMD_FAKE_CUDA_PCI_BUS_IDS");
+  if (env == nullptr || env[0] == '\0') {
+    *domain = 0;
+    *bus = 0x3b + static_cast<unsigned>(device);
+    *slot = 0;
+    *function = 0;
+    return true;
+  }
+  const char* entry = env;
+  for (int i = 0; i < device && entry != nullptr; ++i) {
+    entry = std::strchr(entry, ',');
+    if (entry != nullptr) ++entry;
+  }
+  return entry != nullptr &&
+         std::sscanf(entry, "%x:%x:%x.%x", domain, bus, slot, function) == 4;
 }
 
 bool ensureArena() {
@@ -241,11 +269,67 @@ CUresult cuDeviceGet(int* device, int ordinal) {
 CUresult cuDeviceGetAttribute(int* value, int attribute, int device) {
   if (value == nullptr) return kInvalidValue;
   if (device < 0 || device >= devices()) return kInvalidDevice;
-  *value = attribute == 124 /* CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED */
-               ? static_cast<int>(g_dmabuf_supported.load())
-               : 0;
+  unsigned domain = 0, bus = 0, slot = 0, function = 0;
+  const bool pci = pciAddress(device, &domain, &bus, &slot, &function);
+  switch (attribute) {
+    case 124:  // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+      *value = static_cast<int>(g_dmabuf_supported.load());
+      break;
+    case 33:  // CU_DEVICE_ATTRIBUTE_PCI_BUS_ID
+      *value = pci ? static_cast<int>(bus) : 0;
+      break;
+    case 34:  // CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID
+      *value = pci ? static_cast<int>(slot) : 0;
+      break;
+    case 50:  // CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID
+      *value = pci ? static_cast<int>(domain) : 0;
+      break;
+    case 83:   // CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY
+    case 102:  // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+    case 110:  // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+    case 115:  // CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
+      *value = 1;
+      break;
+    default:
+      *value = 0;
+  }
   return kSuccess;
 }
+
+CUresult cuDeviceGetPCIBusId(char* out, int len, int device) {
+  if (out == nullptr || len <= 0) return kInvalidValue;
+  if (device < 0 || device >= devices()) return kInvalidDevice;
+  unsigned domain = 0, bus = 0, slot = 0, function = 0;
+  if (!pciAddress(device, &domain, &bus, &slot, &function)) return kInvalidValue;
+  std::snprintf(out, static_cast<std::size_t>(len), "%04x:%02x:%02x.%x", domain, bus, slot, function);
+  return kSuccess;
+}
+
+// Contexts are tokens (device + 1); making one current selects the device allocations land on.
+CUresult cuDevicePrimaryCtxRetain(void** ctx, int device) {
+  if (ctx == nullptr) return kInvalidValue;
+  if (!g_initialized) return kNotInitialized;
+  if (device < 0 || device >= devices()) return kInvalidDevice;
+  *ctx = reinterpret_cast<void*>(static_cast<std::uintptr_t>(device) + 1);
+  return kSuccess;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(int device) {
+  return device >= 0 && device < devices() ? kSuccess : kInvalidDevice;
+}
+CUresult cuCtxSetCurrent(void* ctx) {
+  const auto token = reinterpret_cast<std::uintptr_t>(ctx);
+  if (token == 0 || static_cast<long>(token) > devices()) return kInvalidValue;
+  g_current_device = static_cast<long>(token) - 1;
+  return kSuccess;
+}
+CUresult cuCtxGetCurrent(void** ctx) {
+  if (ctx == nullptr) return kInvalidValue;
+  *ctx = reinterpret_cast<void*>(static_cast<std::uintptr_t>(g_current_device.load()) + 1);
+  return kSuccess;
+}
+CUresult cuCtxSynchronize() { return kSuccess; }  // every operation here completes at once
+CUresult cuStreamSynchronize(void*) { return kSuccess; }
+CUresult cuStreamSynchronize_ptsz(void*) { return kSuccess; }
 
 CUresult cuMemAlloc_v2(CUdeviceptr* ptr, std::size_t size) {
   return allocate(ptr, size, Kind::kDevice);
@@ -309,11 +393,16 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, std::size_t size) {
   return kSuccess;
 }
 
-CUresult cuMemCreate(CUhandle* handle, std::size_t size, const void*, unsigned long long) {
+CUresult cuMemCreate(CUhandle* handle, std::size_t size, const void* prop, unsigned long long) {
   if (handle == nullptr || size == 0 || size % kGranule != 0) return kInvalidValue;
+  // CUmemAllocationProp starts {type, requestedHandleTypes, location {type, id}}: the device is
+  // location.id, as on a real driver.
+  const int device = prop != nullptr ? static_cast<const int*>(prop)[3]
+                                     : static_cast<int>(g_current_device.load());
+  if (device < 0 || device >= devices()) return kInvalidDevice;
   std::lock_guard<std::mutex> lock(g_mu);
   *handle = g_next_handle++;
-  g_handles[*handle] = {size, 0, false, static_cast<int>(g_current_device.load())};
+  g_handles[*handle] = {size, 0, false, device};
   return kSuccess;
 }
 
@@ -466,6 +555,14 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** fn, int version, std::ui
       {"cuDeviceGetCount", reinterpret_cast<void*>(&cuDeviceGetCount)},
       {"cuDeviceGet", reinterpret_cast<void*>(&cuDeviceGet)},
       {"cuDeviceGetAttribute", reinterpret_cast<void*>(&cuDeviceGetAttribute)},
+      {"cuDeviceGetPCIBusId", reinterpret_cast<void*>(&cuDeviceGetPCIBusId)},
+      {"cuDevicePrimaryCtxRetain", reinterpret_cast<void*>(&cuDevicePrimaryCtxRetain)},
+      {"cuDevicePrimaryCtxRelease", reinterpret_cast<void*>(&cuDevicePrimaryCtxRelease_v2)},
+      {"cuCtxSetCurrent", reinterpret_cast<void*>(&cuCtxSetCurrent)},
+      {"cuCtxGetCurrent", reinterpret_cast<void*>(&cuCtxGetCurrent)},
+      {"cuCtxSynchronize", reinterpret_cast<void*>(&cuCtxSynchronize)},
+      {"cuStreamSynchronize", ptsz ? reinterpret_cast<void*>(&cuStreamSynchronize_ptsz)
+                                   : reinterpret_cast<void*>(&cuStreamSynchronize)},
       {"cuMemAlloc", version >= 3020 ? reinterpret_cast<void*>(&cuMemAlloc_v2)
                                      : reinterpret_cast<void*>(&cuMemAlloc)},
       {"cuMemFree", version >= 3020 ? reinterpret_cast<void*>(&cuMemFree_v2)
