@@ -1,30 +1,19 @@
-// A program linked with the static CUDA runtime (libcudart_static.a): cudaFree reaches the driver
-// only through pointers from cuGetProcAddress. gmd must still see the free (label cuda; skipped
-// without a GPU, and when the fake test driver is what got loaded).
-#include <cuda_runtime_api.h>
-#include <gtest/gtest.h>
+// A program linked with the static CUDA runtime (libcudart_static.a; label cuda): the runtime has
+// no exported cudaFree for gmd to redirect and reaches the driver only through pointers it got from
+// cuGetProcAddress (after gmd: through gmd's wrapper). gmd must still see every free before the
+// address can be reused. Skips on the fake driver (see runtime_fixture.h).
+#include "gtest/cuda/runtime_fixture.h"
 
-#include "gtest/memtype/fake_driver.h"
-#include "memtype/cuda_driver.h"
-#include "memtype/memtype.h"
-
-namespace gmd::memtype {
+namespace gmd::memtype::cudacheck {
 namespace {
 
-TEST(StaticRuntimeTest, CudaFreeFromTheStaticRuntimeIsSeen) {
-  auto& c = Classifier::instance();
-  if (!c.cudaAvailable()) GTEST_SKIP() << "no CUDA driver or no GPU on this machine";
-  if (detail::driver()->is_fake) GTEST_SKIP() << "the fake test driver was loaded";
-  ASSERT_TRUE(c.hooksInstalled());
-  test::FreeRecorder rec;
-  void* p = nullptr;
-  ASSERT_EQ(cudaMalloc(&p, 4 << 20), cudaSuccess);  // the runtime initialises here, after gmd
-  const Info info = c.classify(p, 1);
-  ASSERT_EQ(info.type, MemType::kCuda);
-  ASSERT_EQ(cudaFree(p), cudaSuccess);
-  EXPECT_EQ(rec.count(info.base, info.size), 1u);
-  EXPECT_EQ(c.classify(p, 1).type, MemType::kHost);
-}
+class StaticRuntime : public RuntimeFixture {};
+
+TEST_F(StaticRuntime, CudaFreeIsSeenBeforeTheAddressIsReused) { checkCudaFree(); }
+
+TEST_F(StaticRuntime, CudaFreeOfManagedMemoryIsSeenBeforeTheAddressIsReused) { checkManaged(); }
+
+TEST_F(StaticRuntime, CudaFreeAsyncAndSyncIsSeenBeforeTheAddressIsReused) { checkCudaFreeAsync(); }
 
 }  // namespace
-}  // namespace gmd::memtype
+}  // namespace gmd::memtype::cudacheck
