@@ -5,13 +5,17 @@
 // failures (unreachable peer, revoked remote key).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <infiniband/verbs.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <uct/api/uct.h>
+#include <ucs/debug/log_def.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -652,6 +656,90 @@ TEST_P(GmdRcSplitReads, LargeGetsAreSeveralReadsCompletedOnce) {
                        {init_.md, lm}, {target_.md, sm}}) {
     uct_md_mem_dereg(md, m);
   }
+}
+
+}  // namespace
+}  // namespace gmd::test
+
+namespace gmd::test {
+namespace {
+
+std::vector<std::string> g_logged;  // error lines while a handler below is pushed
+ucs_log_func_rc_t keepErrors(const char*, unsigned, const char*, ucs_log_level_t level,
+                             const ucs_log_component_config_t*, const char* fmt, va_list ap) {
+  if (level <= UCS_LOG_LEVEL_ERROR) {
+    char buf[512];
+    std::vsnprintf(buf, sizeof(buf), fmt, ap);
+    g_logged.emplace_back(buf);
+  }
+  return UCS_LOG_FUNC_RC_STOP;
+}
+
+// Values above what the real device and port offer are refused when the iface opens, with one
+// error line naming the variable (the unit test covers the values no device is needed for).
+TEST(GmdRcConfig, ValuesAboveTheHardwareLimitsAreRefusedAtIfaceOpen) {
+  GMD_REQUIRE_RDMA_DEVICES(1);
+  const std::string dev = rdmaDeviceNames()[0];
+  std::string err;
+  auto port = VerbsPort::open(dev, &err);
+  ASSERT_NE(nullptr, port) << err;
+  ibv_device_attr da{};
+  ibv_port_attr pa{};
+  ASSERT_EQ(0, ibv_query_device(port->context(), &da));
+  ASSERT_EQ(0, ibv_query_port(port->context(), port->port(), &pa));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"TX_QUEUE_LEN", std::to_string(static_cast<unsigned>(da.max_qp_wr) + 1)},
+      {"TX_CQ_LEN", std::to_string(static_cast<unsigned>(da.max_cqe) + 1)},
+      {"MAX_READ", std::to_string(static_cast<unsigned long long>(pa.max_msg_sz) + 1)},
+      {"MAX_NUM_EPS", std::to_string(static_cast<unsigned long>(da.max_qp) + 1)},
+      {"GID_INDEX", std::to_string(pa.gid_tbl_len)},
+  };
+  uct_component_h comp = findComponent("gmd");
+  ASSERT_NE(nullptr, comp);
+  ucs_status_t st;
+  uct_md_h md = openMd(comp, dev, &st);
+  ASSERT_NE(nullptr, md) << ucs_status_string(st);
+  ucs_async_context_t* async = nullptr;
+  uct_worker_h worker = nullptr;
+  ASSERT_EQ(UCS_OK, ucs_async_context_create(UCS_ASYNC_MODE_THREAD_SPINLOCK, &async));
+  ASSERT_EQ(UCS_OK, uct_worker_create(async, UCS_THREAD_MODE_SINGLE, &worker));
+  const std::string dev_port = dev + ":1";
+  for (const auto& [name, value] : cases) {
+    uct_iface_config_t* ic = nullptr;
+    ASSERT_EQ(UCS_OK, uct_md_iface_config_read(md, "gmd_rc", nullptr, nullptr, &ic));
+    ASSERT_EQ(UCS_OK, uct_config_modify(ic, name.c_str(), value.c_str())) << name << "=" << value;
+    uct_iface_params_t p{};
+    p.field_mask = UCT_IFACE_PARAM_FIELD_OPEN_MODE;
+    p.open_mode = UCT_IFACE_OPEN_MODE_DEVICE;
+    p.mode.device.tl_name = "gmd_rc";
+    p.mode.device.dev_name = dev_port.c_str();
+    uct_iface_h iface = nullptr;
+    g_logged.clear();
+    ucs_log_push_handler(keepErrors);
+    st = uct_iface_open(md, worker, &p, ic, &iface);
+    ucs_log_pop_handler();
+    uct_config_release(ic);
+    EXPECT_EQ(UCS_ERR_INVALID_PARAM, st) << name << "=" << value << ": " << ucs_status_string(st);
+    if (iface != nullptr && st == UCS_OK) uct_iface_close(iface);
+    ASSERT_EQ(1u, g_logged.size()) << name << "=" << value << ": one error line";
+    EXPECT_NE(std::string::npos, g_logged[0].find("UCX_GMD_RC_" + name + "=" + value))
+        << g_logged[0];
+  }
+  // The defaults open.
+  uct_iface_config_t* ic = nullptr;
+  ASSERT_EQ(UCS_OK, uct_md_iface_config_read(md, "gmd_rc", nullptr, nullptr, &ic));
+  uct_iface_params_t p{};
+  p.field_mask = UCT_IFACE_PARAM_FIELD_OPEN_MODE;
+  p.open_mode = UCT_IFACE_OPEN_MODE_DEVICE;
+  p.mode.device.tl_name = "gmd_rc";
+  p.mode.device.dev_name = dev_port.c_str();
+  uct_iface_h iface = nullptr;
+  EXPECT_EQ(UCS_OK, uct_iface_open(md, worker, &p, ic, &iface));
+  uct_config_release(ic);
+  if (iface != nullptr) uct_iface_close(iface);
+  uct_worker_destroy(worker);
+  ucs_async_context_destroy(async);
+  uct_md_close(md);
 }
 
 }  // namespace

@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "md/rc/rc_wire.h"
 
@@ -33,9 +36,14 @@ ucs_config_field_t kIfaceConfigTable[] = {
      "GID table index of the port. auto: on RoCE the RoCEv2 GID of an IPv4 address, then any\n"
      "RoCEv2 GID, then RoCEv1; on InfiniBand index 0.",
      offsetof(IfaceConfig, gid_index), UCS_CONFIG_TYPE_ULUNITS},
-    {"TIMEOUT", "1s", "Transport retransmission timeout of the RC QPs (rounded up to 4.096us*2^n).",
+    {"TIMEOUT", "1s",
+     "Transport retransmission timeout of the RC QPs (rounded up to 4.096us*2^n, at most\n"
+     "4.096us*2^31 = 8796s). An endpoint whose peer stopped answering fails after about\n"
+     "TIMEOUT * (RETRY_COUNT + 1).",
      offsetof(IfaceConfig, timeout), UCS_CONFIG_TYPE_TIME},
-    {"RETRY_COUNT", "7", "Transport retries before an endpoint fails (at most 7).",
+    {"RETRY_COUNT", "6",
+     "Transport retries before an endpoint fails, 0..6 (7, allowed by verbs, means\n"
+     "\"retry forever\" on soft-RoCE: a dead peer would never be noticed).",
      offsetof(IfaceConfig, retry_count), UCS_CONFIG_TYPE_UINT},
     {"CONNECT_TIMEOUT", "30s",
      "How long an endpoint may take to connect (TCP handshake with the peer's iface) before it\n"
@@ -75,18 +83,103 @@ std::size_t defaultReadSize(const ibv_device_attr& dev, std::size_t mtu, unsigne
   return static_cast<std::size_t>(std::min<std::uint64_t>(size, max_msg));
 }
 
+// --- Validation of the UCX_GMD_RC_* values ------------------------------------------------------
+// One check per variable, in table order: a value UCX's parser accepted (a negative number reads as a
+// huge unsigned one) but that makes no sense, or that the hardware cannot honour, is refused with a
+// message naming the variable and what is accepted.
+
+namespace {
+
+// 4.096 us * 2^31: the longest local ACK timeout verbs can express.
+constexpr double kMaxVerbsTimeoutSec = 4.096e-6 * 2147483648.0;
+constexpr unsigned kMaxRetryCount = 6;
+constexpr unsigned kMaxRdAtomic = 255;  // ibv_qp_attr::max_rd_atomic is 8 bits
+constexpr double kMaxCostSec = 1.0;     // LATENCY, OVERHEAD
+
+std::string seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%gs", s);
+  return buf;
+}
+
+ucs_status_t refuse(std::string* error, const char* name, const std::string& value,
+                    const std::string& accepted) {
+  *error = std::string("UCX_GMD_RC_") + name + "=" + value + ": accepted " + accepted;
+  return UCS_ERR_INVALID_PARAM;
+}
+
+}  // namespace
+
+ucs_status_t validateConfig(const IfaceConfig& c, const ibv_device_attr& dev,
+                            const ibv_port_attr& port, std::string* error) noexcept {
+  try {
+    const auto max_qp = static_cast<unsigned long>(std::max(dev.max_qp, 1));
+    if (c.super.max_num_eps == 0 ||
+        (c.super.max_num_eps != UCS_ULUNITS_INF && c.super.max_num_eps > max_qp)) {
+      return refuse(error, "MAX_NUM_EPS", std::to_string(c.super.max_num_eps),
+                    "inf or 1.." + std::to_string(max_qp) + " (the device's QPs)");
+    }
+    const auto max_wr = static_cast<unsigned>(std::max(dev.max_qp_wr, 1));
+    if (c.tx_queue_len == 0 || c.tx_queue_len > max_wr) {
+      return refuse(error, "TX_QUEUE_LEN", std::to_string(c.tx_queue_len),
+                    "1.." + std::to_string(max_wr) + " (the device's work requests per QP)");
+    }
+    const auto max_cqe = static_cast<unsigned>(std::max(dev.max_cqe, 1));
+    if (c.tx_cq_len == 0 || c.tx_cq_len > max_cqe) {
+      return refuse(error, "TX_CQ_LEN", std::to_string(c.tx_cq_len),
+                    "1.." + std::to_string(max_cqe) + " (the device's completion queue entries)");
+    }
+    // MAX_IOV and MAX_RD_ATOMIC are ceilings (their defaults must work on every device): the
+    // device's own limit caps them; what gmd_rc can never use is refused.
+    if (c.max_iov == 0 || c.max_iov > kMaxSge) {
+      return refuse(error, "MAX_IOV", std::to_string(c.max_iov),
+                    "1.." + std::to_string(kMaxSge) + " (capped by the device)");
+    }
+    if (c.max_rd_atomic == 0 || c.max_rd_atomic > kMaxRdAtomic) {
+      return refuse(error, "MAX_RD_ATOMIC", std::to_string(c.max_rd_atomic),
+                    "1.." + std::to_string(kMaxRdAtomic) + " (capped by the device)");
+    }
+    if (c.max_read != UCS_MEMUNITS_AUTO && c.max_read != UCS_MEMUNITS_INF &&
+        (c.max_read == 0 || c.max_read > port.max_msg_sz)) {
+      return refuse(error, "MAX_READ", std::to_string(c.max_read),
+                    "auto, inf or 1.." + std::to_string(port.max_msg_sz) +
+                        " bytes (the port's maximal message size)");
+    }
+    // GID_INDEX is checked against the port's GID table when the port is queried (queryPort).
+    if (!(c.timeout > 0 && c.timeout <= kMaxVerbsTimeoutSec)) {  // false for NaN
+      return refuse(error, "TIMEOUT", seconds(c.timeout),
+                    "a time above 0 and at most " + seconds(kMaxVerbsTimeoutSec));
+    }
+    if (c.retry_count > kMaxRetryCount) {
+      return refuse(error, "RETRY_COUNT", std::to_string(c.retry_count),
+                    "0.." + std::to_string(kMaxRetryCount) +
+                        " (7 means retry forever on soft-RoCE)");
+    }
+    if (!(c.connect_timeout > 0 && std::isfinite(c.connect_timeout))) {
+      return refuse(error, "CONNECT_TIMEOUT", seconds(c.connect_timeout),
+                    "a finite time above 0");
+    }
+    if (!(c.latency >= 0 && c.latency <= kMaxCostSec)) {  // false for NaN
+      return refuse(error, "LATENCY", seconds(c.latency), "a time from 0 to 1s");
+    }
+    if (!(c.overhead >= 0 && c.overhead <= kMaxCostSec)) {
+      return refuse(error, "OVERHEAD", seconds(c.overhead), "a time from 0 to 1s");
+    }
+    return UCS_OK;
+  } catch (...) {
+    *error = "out of memory";
+    return UCS_ERR_NO_MEMORY;
+  }
+}
+
+// --- Derived limits ------------------------------------------------------------------------------
+
 ucs_status_t deriveLimits(const IfaceConfig& config, const ibv_device_attr& dev,
                           const ibv_port_attr& port, const char* dev_name, Limits* limits) noexcept {
-  if (config.tx_queue_len == 0 || config.tx_cq_len == 0 || config.max_iov == 0 ||
-      config.retry_count > 7) {
-    ucs_error("gmd_rc %s: UCX_GMD_RC_TX_QUEUE_LEN, _TX_CQ_LEN and _MAX_IOV must be positive and "
-              "UCX_GMD_RC_RETRY_COUNT at most 7",
-              dev_name);
-    return UCS_ERR_INVALID_PARAM;
-  }
-  if (config.max_read == 0) {
-    ucs_error("gmd_rc %s: UCX_GMD_RC_MAX_READ must be positive", dev_name);
-    return UCS_ERR_INVALID_PARAM;
+  std::string error;
+  if (const ucs_status_t st = validateConfig(config, dev, port, &error); st != UCS_OK) {
+    ucs_error("gmd_rc %s: %s", dev_name, error.c_str());
+    return st;
   }
   Limits l;
   QpSettings& s = l.qp;
@@ -104,8 +197,10 @@ ucs_status_t deriveLimits(const IfaceConfig& config, const ibv_device_attr& dev,
   l.max_msg = port.max_msg_sz;
   if (config.max_read == UCS_MEMUNITS_AUTO) {
     l.max_read = defaultReadSize(dev, mtuBytes(port.active_mtu), s.max_rd_atomic, l.max_msg);
+  } else if (config.max_read == UCS_MEMUNITS_INF) {
+    l.max_read = static_cast<std::size_t>(l.max_msg);
   } else {
-    l.max_read = static_cast<std::size_t>(std::min<std::uint64_t>(config.max_read, l.max_msg));
+    l.max_read = config.max_read;  // validated: at most max_msg
   }
   l.cq_len = std::min<unsigned>(config.tx_cq_len, static_cast<unsigned>(std::max(dev.max_cqe, 1)));
   *limits = l;

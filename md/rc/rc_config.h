@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "md/ucx_abi.h"
 
@@ -56,8 +57,14 @@ struct Limits {
   unsigned cq_len = 0;           // send completion queue entries (= the iface's send credits)
 };
 
-// Validates `config` against the device and port; logs (error level: a misconfiguration) and returns
-// UCS_ERR_INVALID_PARAM when a value is out of range.
+// Checks every UCX_GMD_RC_* value that the parser accepted but that makes no sense or exceeds what
+// the device and port offer; on UCS_ERR_INVALID_PARAM *error is one line naming the variable, its
+// value and what is accepted (GID_INDEX is checked by queryPort in md/rc/rc_qp.h). Does not log.
+ucs_status_t validateConfig(const IfaceConfig& config, const ibv_device_attr& dev,
+                            const ibv_port_attr& port, std::string* error) noexcept;
+
+// Validates `config` (validateConfig; logs its line at error level: a misconfiguration, refused when
+// the iface opens) and derives the limits.
 ucs_status_t deriveLimits(const IfaceConfig& config, const ibv_device_attr& dev,
                           const ibv_port_attr& port, const char* dev_name, Limits* limits) noexcept;
 

@@ -51,8 +51,9 @@ ucs_status_t queryPort(ibv_context* ctx, const std::string& dev, std::uint8_t po
   if (gid_index != UCS_ULUNITS_AUTO) {
     if (gid_index >= static_cast<unsigned long>(p.attr.gid_tbl_len) ||
         ibv_query_gid(ctx, port, static_cast<int>(gid_index), &p.gid) != 0 || isZeroGid(p.gid)) {
-      ucs_error("gmd_rc %s:%u: UCX_GMD_RC_GID_INDEX=%lu is not a valid GID of the port",
-                dev.c_str(), port, gid_index);
+      ucs_error("gmd_rc %s:%u: UCX_GMD_RC_GID_INDEX=%lu: accepted auto or an index below %d "
+                "whose GID is set",
+                dev.c_str(), port, gid_index, p.attr.gid_tbl_len);
       return UCS_ERR_INVALID_PARAM;
     }
     p.gid_index = static_cast<int>(gid_index);
