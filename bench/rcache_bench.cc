@@ -30,6 +30,7 @@
 #include <memory>
 #include <utility>
 
+#include "gtest/common/fake_backend.h"
 #include "rcache/rcache.h"
 
 // ucs/memory/rcache.h (UCX 1.13) has no C++ guards of its own.
@@ -90,18 +91,8 @@ char* largeGap(std::size_t k) { return largeSlot(k) + 4096; }
 // ---- gmd
 // ------------------------------------------------------------------------------------------
 
-class NopBackend final : public rc::Backend {
- public:
-  rc::Status reg(std::uintptr_t, std::size_t, unsigned, MemType,
-                 rc::Registration* out) noexcept override {
-    out->lkey = out->rkey = 1;
-    return rc::Status::kOk;
-  }
-  void dereg(const rc::Registration&) noexcept override {}
-  const char* name() const noexcept override { return "nop"; }
-};
-
-NopBackend g_nop;
+// The tests' fake backend without its oracle: registration and deregistration cost nothing.
+gmd::test::FakeBackend g_nop(gmd::test::FakeBackend::kNoOracle, "nop");
 
 std::unique_ptr<rc::Cache> makeGmd(std::size_t max_regions = SIZE_MAX,
                                    std::size_t max_unused_bytes = rc::Config{}.max_unused_bytes) {

@@ -2,13 +2,13 @@
 // No state, no I/O: unit-tested without a device (gtest/md/mapping_test.cc).
 #pragma once
 
-#include <uct/api/uct.h>
 #include <ucs/memory/memory_type.h>
+#include <uct/api/uct.h>
 
 #include <cstddef>
 #include <cstdint>
 
-#include "memtype/mem_type.h"
+#include "common/mem_type.h"
 #include "rcache/rcache.h"
 
 namespace gmd::md {

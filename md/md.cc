@@ -10,6 +10,7 @@
 #include <new>
 #include <string>
 
+#include "common/log.h"
 #include "md/mapping.h"
 #include "memtype/memtype.h"
 #include "rcache/ucm_monitor.h"
@@ -57,20 +58,20 @@ void localCpus(const std::string& device, ucs_cpu_set_t* set) {
 
 void mdClose(uct_md_h md) { delete Md::from(md); }
 
-// The cache logs where it decides an error, without knowing UCT_MD_MEM_FLAG_HIDE_ERRORS; the
-// registrar logs every failed registration at the level the caller asked for. So the cache's own
-// lines go to UCX's diagnostic levels.
-void cacheLog(rcache::LogLevel level, const char* message) noexcept {
+// gmd's one log shim (common/log.h): every layer's lines reach UCX's logger, level for level.
+void logToUcx(LogLevel level, const char* module, const char* message) noexcept {
   switch (level) {
-    case rcache::LogLevel::kError:
-    case rcache::LogLevel::kWarn:
-      ucs_diag("gmd rcache: %s", message);
+    case LogLevel::kError:
+      ucs_error("gmd %s: %s", module, message);
       break;
-    case rcache::LogLevel::kInfo:
-      ucs_debug("gmd rcache: %s", message);
+    case LogLevel::kWarn:
+      ucs_warn("gmd %s: %s", module, message);
       break;
-    case rcache::LogLevel::kDebug:
-      ucs_trace("gmd rcache: %s", message);
+    case LogLevel::kInfo:
+      ucs_info("gmd %s: %s", module, message);
+      break;
+    case LogLevel::kDebug:
+      ucs_debug("gmd %s: %s", module, message);
       break;
   }
 }
@@ -148,15 +149,6 @@ ucs_status_t mdDetectMemoryType(uct_md_h, const void* address, size_t length,
   return UCS_OK;
 }
 
-void memtypeLog(memtype::LogLevel level, const char* message) {
-  switch (level) {
-    case memtype::LogLevel::kError: ucs_error("gmd memtype: %s", message); break;
-    case memtype::LogLevel::kWarn: ucs_warn("gmd memtype: %s", message); break;
-    case memtype::LogLevel::kInfo: ucs_debug("gmd memtype: %s", message); break;
-    case memtype::LogLevel::kDebug: ucs_trace("gmd memtype: %s", message); break;
-  }
-}
-
 // Device memory through GPUDirect, when a CUDA driver with devices is present and the device can
 // do it; nullptr otherwise (then CUDA stays out of reg_mem_types).
 std::unique_ptr<memtype::GpuDirectBackend> makeGpuDirect(const char* name, ibv_pd* pd,
@@ -221,8 +213,7 @@ ucs_status_t Md::open(ucx::Component* component, const char* name, const MdConfi
     md->handle_.header.component = component;
     md->handle_.md = md.get();
 
-    rcache::setLogHandler(cacheLog);
-    memtype::setLogger(memtypeLog);
+    setLogHandler(logToUcx);
     md->ctx_ = openDevice(name);
     if (md->ctx_ == nullptr) {
       ucs_error("gmd: cannot open RDMA device %s: %s", name, std::strerror(errno));

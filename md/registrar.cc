@@ -9,6 +9,13 @@
 
 namespace gmd::md {
 
+struct Registrar::Lookup {
+  Registrar* self;
+  memtype::Info info{};
+  bool classified = false;
+  bool no_backend = false;
+};
+
 Registrar::Registrar(std::string md_name, std::unique_ptr<rcache::Cache> cache,
                      rcache::Backend* host, rcache::Backend* cuda, ClassifyFn classify)
     : name_(std::move(md_name)),
@@ -38,56 +45,69 @@ ucs_status_t Registrar::reg(void* address, std::size_t length, unsigned flags,
     return UCS_ERR_INVALID_PARAM;
   }
 
-  // A hit needs no classification: the region already says what the memory is, and frees and unmaps
-  // remove regions before their range can change type. Device regions are re-checked when CUDA frees
-  // are validated by buffer ID rather than (only) hooked.
+  // The cache classifies only on a miss (through resolve()): a hit needs no classification, as the
+  // region already says what the memory is, and frees and unmaps remove regions before their range
+  // can change type. Device hits are re-checked when CUDA frees are validated by buffer ID rather
+  // than (only) hooked.
   const unsigned access = toCacheAccess(flags);
+  Lookup lookup{this};
+  const rcache::Resolver resolver(&Registrar::resolve, &lookup);
   rcache::Region* region = nullptr;
-  if (cache_->find(address, length, access, &region)) {
-    if (region->memType() == MemType::kHost || !validate_device_hits_) {
-      *memh_p = region;
-      return UCS_OK;
-    }
+  Result st = cache_->get(address, length, access, resolver, &region);
+  if (st.ok() && !lookup.classified && validate_device_hits_ &&
+      region->memType() != MemType::kHost) {
+    // The buffer-ID check: classification drops a stale range (and its regions, through the CUDA
+    // free subscribers), so the second lookup either hits a region that is still right or misses
+    // and registers with this classification.
     cache_->put(region);
     region = nullptr;
+    lookup.info = classify_(address, length);
+    lookup.classified = true;
+    st = cache_->get(address, length, access, resolver, &region);
   }
-
-  const memtype::Info info = classify_(address, length);
-  rcache::Backend* backend = nullptr;
-  switch (info.type) {
-    case MemType::kHost:
-      backend = host_.get();
-      break;
-    case MemType::kCuda:
-      backend = cuda_.get();
-      break;
-    case MemType::kCudaManaged:
-      // Managed pages migrate between host and device under the registration's feet: refused, so
-      // UCX stages them through registered host buffers (docs/memtype.md, "Managed memory").
-      backend = nullptr;
-      break;
-  }
-  if (backend == nullptr) {
-    ucs_log(level, "gmd %s: mem_reg(address=%p length=%zu): %s memory cannot be registered here",
-            name_.c_str(), address, length, memTypeName(info.type));
-    return UCS_ERR_UNSUPPORTED;
-  }
-
-  const rcache::Status st = cache_->get(address, length, access, info.type, backend, &region);
-  if (st != rcache::Status::kOk) {
-    const int err = VerbsBackend::lastErrno();
-    ucs_log(level, "gmd %s: mem_reg(address=%p length=%zu %s): %s%s%s", name_.c_str(), address,
-            length, memTypeName(info.type), rcache::statusString(st),
-            (st == rcache::Status::kIoError || st == rcache::Status::kNoResource) && err != 0
-                ? ": "
-                : "",
-            (st == rcache::Status::kIoError || st == rcache::Status::kNoResource) && err != 0
-                ? std::strerror(err)
-                : "");
-    return toUcsStatus(st);
+  if (!st.ok()) {
+    if (lookup.no_backend) {
+      ucs_log(level, "gmd %s: mem_reg(address=%p length=%zu): %s memory cannot be registered here",
+              name_.c_str(), address, length, memTypeName(lookup.info.type));
+    } else {
+      ucs_log(level, "gmd %s: mem_reg(address=%p length=%zu %s): %s%s%s", name_.c_str(), address,
+              length, memTypeName(lookup.info.type), rcache::statusString(st.status),
+              st.error != 0 ? ": " : "", st.error != 0 ? std::strerror(st.error) : "");
+    }
+    return toUcsStatus(st.status);
   }
   *memh_p = region;
   return UCS_OK;
+}
+
+rcache::Backend* Registrar::backendFor(MemType type) const noexcept {
+  switch (type) {
+    case MemType::kHost:
+      return host_.get();
+    case MemType::kCuda:
+      return cuda_.get();
+    case MemType::kCudaManaged:
+      // Managed pages migrate between host and device under the registration's feet: refused, so
+      // UCX stages them through registered host buffers (docs/memtype.md, "Managed memory").
+      return nullptr;
+  }
+  return nullptr;
+}
+
+rcache::Resolution Registrar::resolve(void* ctx, const void* address, std::size_t length) noexcept {
+  auto* lookup = static_cast<Lookup*>(ctx);
+  if (!lookup->classified) {
+    lookup->info = lookup->self->classify_(address, length);
+    lookup->classified = true;
+  }
+  rcache::Resolution r;
+  r.memory = MemoryKind(lookup->info.type, lookup->info.device);
+  r.backend = lookup->self->backendFor(lookup->info.type);
+  if (r.backend == nullptr) {
+    lookup->no_backend = true;
+    r.result = Status::kUnsupported;
+  }
+  return r;
 }
 
 ucs_status_t Registrar::dereg(const ucx::DeregParams* params) noexcept {
@@ -97,8 +117,7 @@ ucs_status_t Registrar::dereg(const ucx::DeregParams* params) noexcept {
     return UCS_ERR_INVALID_PARAM;
   }
   auto* region = static_cast<rcache::Region*>(params->memh);
-  const unsigned flags =
-      (params->field_mask & ucx::kDeregFieldFlags) ? params->flags : 0u;
+  const unsigned flags = (params->field_mask & ucx::kDeregFieldFlags) ? params->flags : 0u;
   if ((flags & ~ucx::kDeregFlagInvalidate) != 0) {
     ucs_error("gmd %s: mem_dereg: unknown flags 0x%x", name_.c_str(), flags);
     return UCS_ERR_INVALID_PARAM;
@@ -125,7 +144,8 @@ std::string Registrar::statsLine() const {
          " reg_misses=" + std::to_string(s.misses) + " merges=" + std::to_string(s.merges) +
          " evictions=" + std::to_string(s.evictions) +
          " invalidations=" + std::to_string(s.invalidations_in_use + s.invalidations_unused) +
-         " regions=" + std::to_string(s.regions) + " pinned_bytes=" + std::to_string(s.pinned_bytes);
+         " regions=" + std::to_string(s.regions) +
+         " pinned_bytes=" + std::to_string(s.pinned_bytes);
 }
 
 }  // namespace gmd::md

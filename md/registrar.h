@@ -1,6 +1,7 @@
-// The registration path of a gmd MD, without the verbs device: argument checks, memory-type routing,
-// the registration cache, invalidation with completion, and counters. md/md.cc wraps it in UCX's MD
-// ops; unit tests drive it with fake backends and a fake classifier (gtest/md/registrar_test.cc).
+// The registration path of a gmd MD, without the verbs device: argument checks, memory-type
+// routing, the registration cache, invalidation with completion, and counters. md/md.cc wraps it in
+// UCX's MD ops; unit tests drive it with fake backends and a fake classifier
+// (gtest/md/registrar_test.cc).
 //
 // Thread safety: reg()/dereg() may be called from any thread concurrently (the cache's contract).
 #pragma once
@@ -33,7 +34,8 @@ class Registrar {
   // error level, or at diag level under UCT_MD_MEM_FLAG_HIDE_ERRORS.
   ucs_status_t reg(void* address, std::size_t length, unsigned flags, uct_mem_h* memh_p) noexcept;
   // uct_md_mem_dereg semantics, with UCT_MD_MEM_DEREG_FLAG_INVALIDATE: the region leaves the cache
-  // and `comp` is called once its registration is deregistered (after every other holder released it).
+  // and `comp` is called once its registration is deregistered (after every other holder released
+  // it).
   ucs_status_t dereg(const ucx::DeregParams* params) noexcept;
 
   bool cudaRegistration() const noexcept { return cuda_ != nullptr; }
@@ -46,6 +48,10 @@ class Registrar {
   std::string statsLine() const;
 
  private:
+  struct Lookup;  // one reg() call's classification, filled in by resolve() on a miss
+  static rcache::Resolution resolve(void* lookup, const void* address, std::size_t length) noexcept;
+  rcache::Backend* backendFor(MemType type) const noexcept;
+
   std::string name_;
   std::unique_ptr<rcache::Cache> cache_;
   std::unique_ptr<CompletingBackend> host_;

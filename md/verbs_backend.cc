@@ -7,8 +7,6 @@
 namespace gmd::md {
 namespace {
 
-thread_local int t_last_errno = 0;
-
 void complete(uct_completion_t* comp, ucs_status_t status) {
   if (status != UCS_OK) comp->status = status;
   if (--comp->count == 0) comp->func(comp);
@@ -16,22 +14,10 @@ void complete(uct_completion_t* comp, ucs_status_t status) {
 
 }  // namespace
 
-rcache::Status VerbsBackend::reg(std::uintptr_t start, std::size_t length, unsigned access,
-                                 MemType /*type*/, rcache::Registration* out) noexcept {
+Result VerbsBackend::reg(std::uintptr_t start, std::size_t length, unsigned access,
+                         MemoryKind /*memory*/, rcache::Registration* out) noexcept {
   ibv_mr* mr = ibv_reg_mr(pd_, reinterpret_cast<void*>(start), length, toVerbsAccess(access));
-  if (mr == nullptr) {
-    const int err = errno;
-    t_last_errno = err;
-    switch (err) {
-      case ENOMEM:
-      case EAGAIN:
-        return rcache::Status::kNoResource;
-      case EINVAL:
-        return rcache::Status::kInvalidParam;
-      default:  // EFAULT (not mapped, or no access), EPERM, EACCES, ...
-        return rcache::Status::kIoError;
-    }
-  }
+  if (mr == nullptr) return Result::fromErrno(errno);
   out->handle = mr;
   out->lkey = mr->lkey;
   out->rkey = mr->rkey;
@@ -41,8 +27,6 @@ rcache::Status VerbsBackend::reg(std::uintptr_t start, std::size_t length, unsig
 void VerbsBackend::dereg(const rcache::Registration& reg) noexcept {
   ibv_dereg_mr(static_cast<ibv_mr*>(reg.handle));
 }
-
-int VerbsBackend::lastErrno() noexcept { return t_last_errno; }
 
 CompletingBackend::~CompletingBackend() {
   // Registrations still pending at MD close never get deregistered through us: fail their waiters.

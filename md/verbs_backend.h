@@ -19,13 +19,11 @@ namespace gmd::md {
 class VerbsBackend final : public rcache::Backend {
  public:
   explicit VerbsBackend(ibv_pd* pd) : pd_(pd) {}
-  rcache::Status reg(std::uintptr_t start, std::size_t length, unsigned access, MemType type,
-                     rcache::Registration* out) noexcept override;
+  // Failures carry ibv_reg_mr's errno (common/status.h: statusFromErrno()).
+  Result reg(std::uintptr_t start, std::size_t length, unsigned access, MemoryKind memory,
+             rcache::Registration* out) noexcept override;
   void dereg(const rcache::Registration& reg) noexcept override;
   const char* name() const noexcept override { return "ibv_reg_mr"; }
-
-  // errno of this thread's last failed reg(), for the caller's log line.
-  static int lastErrno() noexcept;
 
  private:
   ibv_pd* pd_;
@@ -33,14 +31,15 @@ class VerbsBackend final : public rcache::Backend {
 
 // Wraps a backend and calls UCX completions registered for a registration right after that
 // registration has been deregistered (uct_md_mem_dereg with UCT_MD_MEM_DEREG_FLAG_INVALIDATE).
-// Thread safety: all methods thread-safe; completions run on the deregistering thread, outside locks.
+// Thread safety: all methods thread-safe; completions run on the deregistering thread, outside
+// locks.
 class CompletingBackend final : public rcache::Backend {
  public:
   explicit CompletingBackend(rcache::Backend* inner) : inner_(inner) {}
   ~CompletingBackend() override;
-  rcache::Status reg(std::uintptr_t start, std::size_t length, unsigned access, MemType type,
-                     rcache::Registration* out) noexcept override {
-    return inner_->reg(start, length, access, type, out);
+  Result reg(std::uintptr_t start, std::size_t length, unsigned access, MemoryKind memory,
+             rcache::Registration* out) noexcept override {
+    return inner_->reg(start, length, access, memory, out);
   }
   void dereg(const rcache::Registration& reg) noexcept override;
   const char* name() const noexcept override { return inner_->name(); }

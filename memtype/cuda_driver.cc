@@ -1,4 +1,4 @@
-// Loading the CUDA driver at run time, and memtype/'s log sink.
+// Loading the CUDA driver at run time.
 #include "memtype/cuda_driver.h"
 
 #include <dlfcn.h>
@@ -15,30 +15,7 @@
 
 namespace gmd::memtype {
 
-namespace {
-std::atomic<LogFn> g_logger{nullptr};
-
-void defaultSink(LogLevel level, const char* message) {
-  if (level == LogLevel::kError || level == LogLevel::kWarn) {
-    std::fprintf(stderr, "gmd memtype %s: %s\n", level == LogLevel::kError ? "error" : "warning",
-                 message);
-  }
-}
-}  // namespace
-
-void setLogger(LogFn fn) noexcept { g_logger.store(fn, std::memory_order_release); }
-
 namespace detail {
-
-void log(LogLevel level, const char* fmt, ...) noexcept {
-  char buf[256];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof(buf), fmt, ap);
-  va_end(ap);
-  LogFn fn = g_logger.load(std::memory_order_acquire);
-  (fn != nullptr ? fn : defaultSink)(level, buf);
-}
 
 #if GMD_HAVE_CUDA
 
@@ -82,7 +59,7 @@ DriverApi* load() noexcept {
   if (path == nullptr || path[0] == '\0') path = "libcuda.so.1";
   void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   if (h == nullptr) {
-    log(LogLevel::kDebug, "no CUDA driver (%s): every buffer is host memory", path);
+    log(LogLevel::kDebug, kLogModule, "no CUDA driver (%s): every buffer is host memory", path);
     return nullptr;
   }
   // From here on the library stays loaded (RTLD_NODELETE): hooks may point into it.
@@ -92,16 +69,17 @@ DriverApi* load() noexcept {
   int version = 0;
   int count = 0;
   if (init == nullptr || get_version == nullptr || get_count == nullptr) {
-    log(LogLevel::kDebug, "%s is not a usable CUDA driver", path);
+    log(LogLevel::kDebug, kLogModule, "%s is not a usable CUDA driver", path);
     return nullptr;
   }
   CuResult r = init(0);
   if (r != 0) {
-    log(LogLevel::kDebug, "cuInit failed (%d): no CUDA device; every buffer is host memory", r);
+    log(LogLevel::kDebug, kLogModule,
+        "cuInit failed (%d): no CUDA device; every buffer is host memory", r);
     return nullptr;
   }
   if (get_version(&version) != 0 || get_count(&count) != 0 || count <= 0) {
-    log(LogLevel::kDebug, "no CUDA device: every buffer is host memory");
+    log(LogLevel::kDebug, kLogModule, "no CUDA device: every buffer is host memory");
     return nullptr;
   }
   static DriverApi api;
@@ -124,12 +102,12 @@ DriverApi* load() noexcept {
   api.memFree = reinterpret_cast<decltype(api.memFree)>(res.get("cuMemFree", "cuMemFree_v2"));
   if (api.pointerGetAttribute == nullptr || api.pointerGetAttributes == nullptr ||
       api.memGetAddressRange == nullptr || api.deviceGetAttribute == nullptr) {
-    log(LogLevel::kWarn, "CUDA driver %s (version %d) lacks pointer queries; CUDA support off", path,
-        version);
+    log(LogLevel::kWarn, kLogModule,
+        "CUDA driver %s (version %d) lacks pointer queries; CUDA support off", path, version);
     return nullptr;
   }
-  log(LogLevel::kDebug, "CUDA driver %s version %d, %d device(s)%s", path, version, count,
-      api.is_fake ? " (test driver)" : "");
+  log(LogLevel::kDebug, kLogModule, "CUDA driver %s version %d, %d device(s)%s", path, version,
+      count, api.is_fake ? " (test driver)" : "");
   return &api;
 }
 

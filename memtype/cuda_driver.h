@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/log.h"
 #include "memtype/memtype.h"
 
 namespace gmd::memtype::detail {
@@ -46,7 +47,7 @@ const DriverApi* driver() noexcept;
 // or restore its real state (false). Not thread-safe against concurrent classify().
 void simulateNoDriver(bool on) noexcept;
 
-// Logging shared by memtype/ sources (printf-style; truncated to a fixed buffer; hook-safe).
-void log(LogLevel level, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
+// The module name memtype/ logs under (common/log.h; hook-safe).
+inline constexpr const char* kLogModule = "memtype";
 
 }  // namespace gmd::memtype::detail

@@ -277,7 +277,8 @@ void* wrapperFor(Kind k, void* target) noexcept {
       return w[s];
     }
   }
-  log(LogLevel::kDebug, "cuda hooks: no free chain slot for kind %d; binding left unhooked", k);
+  log(LogLevel::kDebug, kLogModule,
+      "cuda hooks: no free chain slot for kind %d; binding left unhooked", k);
   return nullptr;
 }
 
@@ -349,7 +350,7 @@ bool writeWord(const Object& o, T* where, T value) noexcept {
   void* page = reinterpret_cast<void*>(addr & ~(page_size - 1));
   const int prot = currentProt(o, addr);
   if (!(prot & PROT_WRITE) && mprotect(page, page_size, prot | PROT_WRITE) != 0) {
-    log(LogLevel::kDebug, "cuda hooks: cannot make %p writable in %s", where,
+    log(LogLevel::kDebug, kLogModule, "cuda hooks: cannot make %p writable in %s", where,
         o.name[0] ? o.name : "(main)");
     return false;
   }
@@ -470,8 +471,9 @@ void patchRelocations(const Object& o, const Dynamic& d, const ElfW(Rela) * rel,
       if (dladdr(cur, &info) != 0 && info.dli_sname != nullptr &&
           std::strcmp(info.dli_sname, name) != 0 && !isWrapper(cur)) {
         g_foreign.fetch_add(1, std::memory_order_relaxed);
-        log(LogLevel::kDebug, "cuda hooks: %s in %s is bound to %s (another interposer): chained",
-            name, o.name[0] ? o.name : "(main)", info.dli_sname);
+        log(LogLevel::kDebug, kLogModule,
+            "cuda hooks: %s in %s is bound to %s (another interposer): chained", name,
+            o.name[0] ? o.name : "(main)", info.dli_sname);
       }
     }
     void* w = wrapperFor(n->kind, target);
@@ -521,7 +523,7 @@ bool installHooks(const DriverApi& api) noexcept {
   if (g_installed.load(std::memory_order_acquire)) return true;
   struct link_map* lm = nullptr;
   if (api.handle == nullptr || dlinfo(api.handle, RTLD_DI_LINKMAP, &lm) != 0 || lm == nullptr) {
-    log(LogLevel::kDebug, "cuda hooks: cannot locate the driver's link map");
+    log(LogLevel::kDebug, kLogModule, "cuda hooks: cannot locate the driver's link map");
     return false;
   }
   g_driver_base = lm->l_addr;
@@ -529,7 +531,7 @@ bool installHooks(const DriverApi& api) noexcept {
   scanAll();
   const bool ok = g_slots.load(std::memory_order_relaxed) != 0;
   g_installed.store(ok, std::memory_order_release);
-  log(ok ? LogLevel::kDebug : LogLevel::kWarn,
+  log(ok ? LogLevel::kDebug : LogLevel::kWarn, kLogModule,
       "cuda hooks: %llu slots redirected, %llu chained to another interposer%s",
       static_cast<unsigned long long>(g_slots.load()),
       static_cast<unsigned long long>(g_foreign.load()),

@@ -106,17 +106,6 @@ int verbsAccess(unsigned access) noexcept {
   return a;
 }
 
-Status fromErrno(int err) noexcept {
-  switch (err) {
-    case ENOMEM:
-    case EAGAIN: return Status::kNoResource;
-    case EOPNOTSUPP:
-    case ENOSYS:
-    case EPROTONOSUPPORT: return Status::kUnsupported;
-    default: return Status::kIoError;
-  }
-}
-
 bool isResource(Status s) noexcept { return s == Status::kNoResource; }
 
 std::uintptr_t pageSize() noexcept {
@@ -156,10 +145,11 @@ GpuDirectMethod GpuDirectBackend::probe(int device) noexcept {
   const GpuDirectMethod m = dmabuf    ? GpuDirectMethod::kDmabuf
                             : peermem ? GpuDirectMethod::kPeerMem
                                       : GpuDirectMethod::kUnsupported;
-  detail::log(LogLevel::kDebug, "GPUDirect on CUDA device %d: %s (dma-buf policy %s%s%s)", device,
-              gpuDirectMethodName(m), dmabufPolicyName(config_.dmabuf),
-              ops_->verbsHasDmabuf() ? "" : ", libibverbs without dma-buf",
-              peermem ? ", peer memory loaded" : "");
+  log(LogLevel::kDebug, detail::kLogModule,
+      "GPUDirect on CUDA device %d: %s (dma-buf policy %s%s%s)", device, gpuDirectMethodName(m),
+      dmabufPolicyName(config_.dmabuf),
+      ops_->verbsHasDmabuf() ? "" : ", libibverbs without dma-buf",
+      peermem ? ", peer memory loaded" : "");
   return m;
 }
 
@@ -189,24 +179,24 @@ bool GpuDirectBackend::managedSupported() noexcept {
   return config_.managed == ManagedPolicy::kHostPages && Classifier::instance().cudaAvailable();
 }
 
-Status GpuDirectBackend::regPlain(std::uintptr_t start, std::size_t length, int access,
+Result GpuDirectBackend::regPlain(std::uintptr_t start, std::size_t length, int access,
                                   ibv_mr** mr) noexcept {
   errno = 0;
   ibv_mr* m = ops_->regMr(pd_, reinterpret_cast<void*>(start), length, access);
   if (m == nullptr) {
     const int err = errno != 0 ? errno : EIO;
-    const Status s = fromErrno(err);
-    detail::log(isResource(s) ? LogLevel::kDebug : LogLevel::kError,
-                "ibv_reg_mr(%#lx, %zu) failed: %s", static_cast<unsigned long>(start), length,
-                std::strerror(err));
+    const Result s = Result::fromErrno(err);
+    log(isResource(s) ? LogLevel::kDebug : LogLevel::kError, detail::kLogModule,
+        "ibv_reg_mr(%#lx, %zu) failed: %s", static_cast<unsigned long>(start), length,
+        std::strerror(err));
     return s;
   }
   *mr = m;
   return Status::kOk;
 }
 
-Status GpuDirectBackend::regDmabuf(std::uintptr_t start, std::size_t length, int access,
-                                   int device, ibv_mr** mr) noexcept {
+Result GpuDirectBackend::regDmabuf(std::uintptr_t start, std::size_t length, int access, int device,
+                                   ibv_mr** mr) noexcept {
   const std::uintptr_t ps = pageSize();
   const std::uintptr_t aligned = start & ~(ps - 1);
   const std::size_t aligned_len = ((start + length + ps - 1) & ~(ps - 1)) - aligned;
@@ -234,26 +224,28 @@ Status GpuDirectBackend::regDmabuf(std::uintptr_t start, std::size_t length, int
       *mr = m;
       return Status::kOk;
     }
-    if (fromErrno(last_err) == Status::kNoResource) return Status::kNoResource;
+    if (statusFromErrno(last_err) == Status::kNoResource)
+      return Result(Status::kNoResource, last_err);
     if (pcie) pcie_flag_[device].store(0, std::memory_order_relaxed);
   }
   if (last_err == 0) {
-    detail::log(LogLevel::kDebug, "cuMemGetHandleForAddressRange(%#lx, %zu) failed (%d)",
-                static_cast<unsigned long>(aligned), aligned_len, cu_err);
+    log(LogLevel::kDebug, detail::kLogModule,
+        "cuMemGetHandleForAddressRange(%#lx, %zu) failed (%d)", static_cast<unsigned long>(aligned),
+        aligned_len, cu_err);
     return Status::kUnsupported;
   }
-  detail::log(LogLevel::kDebug, "ibv_reg_dmabuf_mr(%#lx, %zu) failed: %s",
-              static_cast<unsigned long>(start), length, std::strerror(last_err));
-  const Status s = fromErrno(last_err);
-  return s == Status::kUnsupported ? s : Status::kIoError;
+  log(LogLevel::kDebug, detail::kLogModule, "ibv_reg_dmabuf_mr(%#lx, %zu) failed: %s",
+      static_cast<unsigned long>(start), length, std::strerror(last_err));
+  const Status s = statusFromErrno(last_err);
+  return Result(s == Status::kUnsupported ? s : Status::kIoError, last_err);
 }
 
-Status GpuDirectBackend::regDevice(std::uintptr_t start, std::size_t length, int access,
-                                   int device, rcache::Registration* out) noexcept {
+Result GpuDirectBackend::regDevice(std::uintptr_t start, std::size_t length, int access, int device,
+                                   rcache::Registration* out) noexcept {
   ibv_mr* mr = nullptr;
   GpuDirectMethod m = method(device);
   if (m == GpuDirectMethod::kDmabuf) {
-    const Status s = regDmabuf(start, length, access, device, &mr);
+    const Result s = regDmabuf(start, length, access, device, &mr);
     if (s == Status::kOk) {
       dmabuf_regs_.fetch_add(1, std::memory_order_relaxed);
     } else if (isResource(s)) {
@@ -262,25 +254,26 @@ Status GpuDirectBackend::regDevice(std::uintptr_t start, std::size_t length, int
       GpuDirectMethod expected = GpuDirectMethod::kDmabuf;
       if (methods_[device].compare_exchange_strong(expected, GpuDirectMethod::kPeerMem)) {
         demotions_.fetch_add(1, std::memory_order_relaxed);
-        detail::log(LogLevel::kInfo,
-                    "dma-buf registration failed on CUDA device %d (%s): using peer memory", device,
-                    rcache::statusString(s));
+        log(LogLevel::kInfo, detail::kLogModule,
+            "dma-buf registration failed on CUDA device %d (%s): using peer memory", device,
+            rcache::statusString(s));
       }
       m = GpuDirectMethod::kPeerMem;
     } else {
-      detail::log(LogLevel::kError, "dma-buf registration of %#lx+%zu on CUDA device %d failed: %s",
-                  static_cast<unsigned long>(start), length, device, rcache::statusString(s));
+      log(LogLevel::kError, detail::kLogModule,
+          "dma-buf registration of %#lx+%zu on CUDA device %d failed: %s",
+          static_cast<unsigned long>(start), length, device, rcache::statusString(s));
       return s;
     }
   }
   if (m == GpuDirectMethod::kPeerMem) {
-    const Status s = regPlain(start, length, access, &mr);
-    if (s != Status::kOk) return s;
+    const Result s = regPlain(start, length, access, &mr);
+    if (!s.ok()) return s;
     peermem_regs_.fetch_add(1, std::memory_order_relaxed);
   }
   if (mr == nullptr) {
     unsupported_.fetch_add(1, std::memory_order_relaxed);
-    detail::log(LogLevel::kDebug, "no GPUDirect method on CUDA device %d", device);
+    log(LogLevel::kDebug, detail::kLogModule, "no GPUDirect method on CUDA device %d", device);
     return Status::kUnsupported;
   }
   out->handle = mr;
@@ -289,8 +282,9 @@ Status GpuDirectBackend::regDevice(std::uintptr_t start, std::size_t length, int
   return Status::kOk;
 }
 
-Status GpuDirectBackend::reg(std::uintptr_t start, std::size_t length, unsigned access,
-                             MemType type, rcache::Registration* out) noexcept {
+Result GpuDirectBackend::reg(std::uintptr_t start, std::size_t length, unsigned access,
+                             MemoryKind memory, rcache::Registration* out) noexcept {
+  const MemType type = memory.type;
   if (length == 0 || out == nullptr || start + length < start || (access & ~rcache::kAccessAll)) {
     return Status::kInvalidParam;
   }
@@ -299,15 +293,16 @@ Status GpuDirectBackend::reg(std::uintptr_t start, std::size_t length, unsigned 
     case MemType::kCudaManaged:
       if (config_.managed != ManagedPolicy::kHostPages) {
         unsupported_.fetch_add(1, std::memory_order_relaxed);
-        detail::log(LogLevel::kDebug, "managed memory %#lx+%zu not registered (policy refuse)",
-                    static_cast<unsigned long>(start), length);
+        log(LogLevel::kDebug, detail::kLogModule,
+            "managed memory %#lx+%zu not registered (policy refuse)",
+            static_cast<unsigned long>(start), length);
         return Status::kUnsupported;
       }
       [[fallthrough]];  // kHostPages: registered as the host pages it is backed by
     case MemType::kHost: {
       ibv_mr* mr = nullptr;
-      const Status s = regPlain(start, length, vaccess, &mr);
-      if (s != Status::kOk) return s;
+      const Result s = regPlain(start, length, vaccess, &mr);
+      if (!s.ok()) return s;
       host_regs_.fetch_add(1, std::memory_order_relaxed);
       out->handle = mr;
       out->lkey = mr->lkey;
@@ -315,11 +310,12 @@ Status GpuDirectBackend::reg(std::uintptr_t start, std::size_t length, unsigned 
       return Status::kOk;
     }
     case MemType::kCuda: {
+      if (memory.device >= 0) return regDevice(start, length, vaccess, memory.device, out);
       const Info info = Classifier::instance().classify(reinterpret_cast<const void*>(start), length);
       if (info.type != MemType::kCuda) {
         unsupported_.fetch_add(1, std::memory_order_relaxed);
-        detail::log(LogLevel::kDebug, "%#lx is not CUDA device memory here",
-                    static_cast<unsigned long>(start));
+        log(LogLevel::kDebug, detail::kLogModule, "%#lx is not CUDA device memory here",
+            static_cast<unsigned long>(start));
         return Status::kUnsupported;
       }
       return regDevice(start, length, vaccess, info.device < 0 ? 0 : info.device, out);
@@ -333,7 +329,7 @@ void GpuDirectBackend::dereg(const rcache::Registration& reg) noexcept {
   if (mr == nullptr) return;
   const int err = ops_->deregMr(mr);
   if (err != 0) {
-    detail::log(LogLevel::kError, "ibv_dereg_mr failed: %s", std::strerror(err));
+    log(LogLevel::kError, detail::kLogModule, "ibv_dereg_mr failed: %s", std::strerror(err));
   }
 }
 

@@ -98,8 +98,10 @@ class GpuDirectBackend final : public rcache::Backend {
   explicit GpuDirectBackend(ibv_pd* pd, const GpuDirectConfig& config = {},
                             GpuDirectOps* ops = nullptr) noexcept;
 
-  rcache::Status reg(std::uintptr_t start, std::size_t length, unsigned access, MemType type,
-                     rcache::Registration* out) noexcept override;
+  // memory.device: the CUDA device of kCuda memory when the caller knows it (it is classified
+  // here otherwise).
+  Result reg(std::uintptr_t start, std::size_t length, unsigned access, MemoryKind memory,
+             rcache::Registration* out) noexcept override;
   void dereg(const rcache::Registration& reg) noexcept override;
   const char* name() const noexcept override { return "gpudirect"; }
 
@@ -116,11 +118,11 @@ class GpuDirectBackend final : public rcache::Backend {
  private:
   GpuDirectMethod probe(int device) noexcept;
   bool peerMemLoaded() noexcept;
-  rcache::Status regDevice(std::uintptr_t start, std::size_t length, int access, int device,
-                           rcache::Registration* out) noexcept;
-  rcache::Status regDmabuf(std::uintptr_t start, std::size_t length, int access, int device,
-                           ibv_mr** mr) noexcept;
-  rcache::Status regPlain(std::uintptr_t start, std::size_t length, int access, ibv_mr** mr) noexcept;
+  Result regDevice(std::uintptr_t start, std::size_t length, int access, int device,
+                   rcache::Registration* out) noexcept;
+  Result regDmabuf(std::uintptr_t start, std::size_t length, int access, int device,
+                   ibv_mr** mr) noexcept;
+  Result regPlain(std::uintptr_t start, std::size_t length, int access, ibv_mr** mr) noexcept;
 
   ibv_pd* pd_;
   GpuDirectConfig config_;

@@ -158,8 +158,9 @@ void queryDriver(const detail::DriverApi& api, std::uintptr_t addr, Info* out) n
   void* data[] = {&mem_type, &is_managed, &ordinal, &range_start, &range_size, &buffer_id};
   const detail::CuResult r = api.pointerGetAttributes(6, attrs, data, addr);
   if (r != 0) {
-    detail::log(LogLevel::kDebug, "cuPointerGetAttributes(%p) failed (%d): treated as host",
-                reinterpret_cast<void*>(addr), r);
+    log(LogLevel::kDebug, detail::kLogModule,
+        "cuPointerGetAttributes(%p) failed (%d): treated as host", reinterpret_cast<void*>(addr),
+        r);
     return;
   }
   if (is_managed != 0) {
@@ -204,7 +205,8 @@ void ensureLoaded() noexcept {
     g_ranges = new (std::nothrow) std::map<std::uintptr_t, Info>();
   }
   if (g_ranges == nullptr) {
-    detail::log(LogLevel::kError, "out of memory creating the CUDA range cache; CUDA support off");
+    log(LogLevel::kError, detail::kLogModule,
+        "out of memory creating the CUDA range cache; CUDA support off");
     g_state.store(kNoCuda, std::memory_order_release);
     return;
   }
@@ -311,8 +313,9 @@ Info Classifier::classify(const void* address, std::size_t length) noexcept {
     if (hit) {
       if (validate && !stillValid(api, info)) {
         bump(g_counters.stale_hits);
-        detail::log(LogLevel::kDebug, "buffer ID of %p changed: range %#lx+%zu was freed",
-                    address, static_cast<unsigned long>(info.base), info.size);
+        log(LogLevel::kDebug, detail::kLogModule,
+            "buffer ID of %p changed: range %#lx+%zu was freed", address,
+            static_cast<unsigned long>(info.base), info.size);
         detail::onRangeFree(info.base, info.size);
         continue;
       }
@@ -356,7 +359,7 @@ bool Classifier::subscribe(FreeCallback cb, void* arg) noexcept {
       return true;
     }
   }
-  detail::log(LogLevel::kError, "too many CUDA free subscribers (%d)", kMaxSubscribers);
+  log(LogLevel::kError, detail::kLogModule, "too many CUDA free subscribers (%d)", kMaxSubscribers);
   return false;
 }
 

@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "memtype/mem_type.h"
+#include "common/mem_type.h"
 
 namespace gmd::memtype {
 
@@ -46,13 +46,6 @@ const char* freeModeName(FreeMode m) noexcept;
 bool parseFreeMode(const char* text, FreeMode* out) noexcept;
 
 using FreeCallback = void (*)(void* arg, std::uintptr_t start, std::size_t length);
-
-// Log sink. memtype/ knows nothing of UCX; md/ installs a sink that forwards to ucs_log. The default
-// sink writes kError and kWarn to stderr and drops the rest. The message is a NUL-terminated string
-// valid only during the call. May be called from inside a free hook.
-enum class LogLevel : std::uint8_t { kError, kWarn, kInfo, kDebug };
-using LogFn = void (*)(LogLevel level, const char* message);
-void setLogger(LogFn fn) noexcept;  // nullptr restores the default sink
 
 // Counters (monotonic), for tests, benchmarks and the user.
 struct Stats {

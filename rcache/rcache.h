@@ -2,8 +2,9 @@
 //
 // One Cache per memory domain. A request (address, length, access) is aligned outwards to the cache
 // alignment and answered by a Region that covers it, either an existing valid one (hit) or a new
-// registration made through the request's Backend (miss). The rules it keeps are those of
-// docs/design.md (shared design notes): see rcache/README.md for how each one is implemented.
+// registration (miss) made through the Backend that the request's Resolver names. The rules the
+// cache keeps are written in docs/design.md ("The registration cache's rules"); docs/rcache.md
+// explains the implementation and rcache/README.md maps each rule to the code and its tests.
 //
 // Thread safety: every method of Cache may be called from any thread at any time. invalidate() may
 // be called from inside a memory hook (munmap, free) including while the same thread is inside the
@@ -15,29 +16,16 @@
 #include <cstdint>
 #include <memory>
 
-#include "memtype/mem_type.h"
+#include "common/mem_type.h"
+#include "common/status.h"
 
 namespace gmd::rcache {
 
-// Outcome of a cache or backend operation. md/ maps these onto ucs_status_t.
-enum class Status : std::uint8_t {
-  kOk = 0,
-  kInvalidParam,  // zero length, wrap-around, absurd size, bad access flags or limits
-  kNoMemory,      // host allocation failed
-  kNoResource,    // backend ran out of registration resources (after evict + one retry)
-  kExceedsLimit,  // the request alone exceeds a configured limit
-  kUnsupported,   // the backend cannot register this memory (e.g. no GPUDirect)
-  kIoError,       // backend failure that is not a resource shortage (EFAULT, EINVAL, EPERM...)
-};
-const char* statusString(Status s) noexcept;
-
-// Where the cache's log lines go. The cache logs once where an error is decided (bad input, a
-// failed registration, a limit reached) and never from inside invalidate(). The default handler
-// writes errors and warnings to stderr; md/ routes them to UCX's logger. nullptr restores the
-// default.
-enum class LogLevel : std::uint8_t { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
-using LogHandler = void (*)(LogLevel level, const char* message) noexcept;
-void setLogHandler(LogHandler handler) noexcept;
+// Outcomes are gmd's shared Status and Result (common/status.h): a backend's failure carries the
+// errno that decided it, and get() hands it on to the caller. Log lines go through common/log.h.
+using gmd::Result;
+using gmd::Status;
+using gmd::statusString;
 
 // Requests longer than this are rejected as absurd (kInvalidParam): larger than any user address
 // space.
@@ -66,10 +54,11 @@ struct Registration {
 class Backend {
  public:
   virtual ~Backend() = default;
-  // Register [start, start + length) (aligned) with at least `access`. On failure returns a status
-  // and leaves `out` untouched. kNoResource (ENOMEM/EAGAIN from the device) makes the cache evict
-  // and retry.
-  virtual Status reg(std::uintptr_t start, std::size_t length, unsigned access, MemType type,
+  // Register [start, start + length) (aligned) with at least `access`, as memory of `memory.type`
+  // (on CUDA device `memory.device`, when known). On failure returns a status with the errno that
+  // decided it (common/status.h) and leaves `out` untouched. kNoResource (ENOMEM/EAGAIN from the
+  // device) makes the cache evict and retry.
+  virtual Result reg(std::uintptr_t start, std::size_t length, unsigned access, MemoryKind memory,
                      Registration* out) noexcept = 0;
   virtual void dereg(const Registration& reg) noexcept = 0;
   virtual const char* name() const noexcept = 0;
@@ -95,6 +84,46 @@ class Region {
   MemType mem_type_ = MemType::kHost;
   Backend* backend_ = nullptr;
   Registration reg_{};
+};
+
+// What a miss registers, as decided by a Resolver: the memory's kind and the backend for it.
+struct Resolution {
+  Result result;      // not ok: the request fails with it and nothing is registered
+  MemoryKind memory;  // type and CUDA device of the memory
+  Backend* backend = nullptr;
+};
+
+// How get() learns what to register on a miss. A classifying resolver (a function and its context)
+// is called only on a miss, once, outside every cache lock, before the writer lock is taken; a hit
+// then needs no classification (a virtual address is host or device memory, never both at once,
+// and freed ranges leave the index before they can change type), so it matches any region with
+// the access. A fixed resolver names the kind and backend up front, and hits only regions of
+// that memory type registered through that backend.
+// Thread safety: a value; the function must be callable from any thread.
+class Resolver {
+ public:
+  using Fn = Resolution (*)(void* ctx, const void* address, std::size_t length) noexcept;
+
+  constexpr Resolver(Fn fn, void* ctx) noexcept : fn_(fn), ctx_(ctx) {}
+  static constexpr Resolver fixed(MemoryKind memory, Backend* backend) noexcept {
+    Resolver r(nullptr, nullptr);
+    r.fixed_.memory = memory;
+    r.fixed_.backend = backend;
+    return r;
+  }
+
+  bool isFixed() const noexcept { return fn_ == nullptr; }
+  // The fixed resolver's backend (null for a classifying one).
+  const Backend* fixedBackend() const noexcept { return fixed_.backend; }
+  MemType fixedType() const noexcept { return fixed_.memory.type; }
+  Resolution resolve(const void* address, std::size_t length) const noexcept {
+    return fn_ != nullptr ? fn_(ctx_, address, length) : fixed_;
+  }
+
+ private:
+  Fn fn_;
+  void* ctx_;
+  Resolution fixed_{};
 };
 
 // Where invalidations come from (libucm, CUDA free hooks, a test feed).
@@ -144,18 +173,24 @@ class Cache : public InvalidationSink {
   // region is held, after unsubscribing the cache from its monitors.
   virtual ~Cache() = default;
 
-  // Find or make a region covering [address, address + length) with `access`, registered through
-  // `backend` as memory of `type`. On kOk *region is held until put(). On failure nothing changes.
-  virtual Status get(const void* address, std::size_t length, unsigned access, MemType type,
-                     Backend* backend, Region** region) noexcept = 0;
-  // Hit-only lookup for callers that want to skip work a miss needs (md/ classifies the memory type
-  // only on a miss): a valid region covering the aligned range with `access`, whatever its memory
-  // type and backend (a virtual address is host or device memory, never both at once; freed ranges
-  // have left the index). On a hit takes a hold (released with put()) and counts a hit; otherwise
+  // Find or make a region covering [address, address + length) with `access`. A miss asks
+  // `resolver` (once) what to register and through which backend. On kOk *region is held until
+  // put(). On failure nothing changes; a backend failure's errno is in the result.
+  virtual Result get(const void* address, std::size_t length, unsigned access,
+                     const Resolver& resolver, Region** region) noexcept = 0;
+  // The same with a fixed resolver: registered through `backend` as memory of `type`, and a hit
+  // only on a region of that type and backend.
+  Result get(const void* address, std::size_t length, unsigned access, MemType type,
+             Backend* backend, Region** region) noexcept {
+    return get(address, length, access, Resolver::fixed(type, backend), region);
+  }
+  // Hit-only lookup: a valid region covering the aligned range with `access`, whatever its memory
+  // type and backend. On a hit takes a hold (released with put()) and counts a hit; otherwise
   // returns false and changes nothing, including when deferred invalidations are pending.
   virtual bool find(const void* address, std::size_t length, unsigned access,
                     Region** region) noexcept = 0;
-  // Release a hold taken by get() or find(). May deregister (if the region was invalidated or evicted).
+  // Release a hold taken by get() or find(). May deregister (if the region was invalidated or
+  // evicted).
   virtual void put(Region* region) noexcept = 0;
   // Memory in [address, address + length) is about to be unmapped or freed. Safe inside hooks.
   void invalidate(const void* address, std::size_t length) noexcept override = 0;

@@ -10,53 +10,14 @@
 #include <mutex>
 #include <vector>
 
+#include "gtest/common/fake_backend.h"
+
 namespace gmd::md {
 namespace {
 
 const std::size_t kPage = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
 
-// Records what it registered; keys are unique per registration.
-class FakeBackend : public rcache::Backend {
- public:
-  explicit FakeBackend(const char* name) : name_(name) {}
-  rcache::Status reg(std::uintptr_t start, std::size_t length, unsigned access, MemType type,
-                     rcache::Registration* out) noexcept override {
-    std::lock_guard<std::mutex> g(lock_);
-    if (fail_next != rcache::Status::kOk) {
-      auto st = fail_next;
-      fail_next = rcache::Status::kOk;
-      return st;
-    }
-    const std::uint32_t key = next_key_++;
-    live[key] = {start, length, access, type};
-    out->handle = reinterpret_cast<void*>(static_cast<std::uintptr_t>(key));
-    out->lkey = key;
-    out->rkey = key;
-    ++regs;
-    return rcache::Status::kOk;
-  }
-  void dereg(const rcache::Registration& reg) noexcept override {
-    std::lock_guard<std::mutex> g(lock_);
-    EXPECT_EQ(1u, live.erase(reg.lkey)) << "deregistered twice or never registered";
-    ++deregs;
-  }
-  const char* name() const noexcept override { return name_; }
-
-  struct Entry {
-    std::uintptr_t start;
-    std::size_t length;
-    unsigned access;
-    MemType type;
-  };
-  std::map<std::uint32_t, Entry> live;
-  int regs = 0, deregs = 0;
-  rcache::Status fail_next = rcache::Status::kOk;
-
- private:
-  const char* name_;
-  std::mutex lock_;
-  std::uint32_t next_key_ = 100;
-};
+using gmd::test::FakeBackend;
 
 // The fake classifier: addresses inside [g_dev_lo, g_dev_hi) are device memory, inside
 // [g_managed_lo, g_managed_hi) managed.
@@ -101,8 +62,8 @@ class RegistrarTest : public ::testing::Test {
   void TearDown() override {
     ucs_log_pop_handler();
     reg_.reset();
-    EXPECT_TRUE(host_.live.empty()) << "host registrations leaked";
-    EXPECT_TRUE(cuda_.live.empty()) << "device registrations leaked";
+    EXPECT_EQ(0, host_.live()) << "host registrations leaked";
+    EXPECT_EQ(0, cuda_.live()) << "device registrations leaked";
   }
   void make(bool with_cuda) {
     reg_.reset();
@@ -133,8 +94,8 @@ class RegistrarTest : public ::testing::Test {
 TEST_F(RegistrarTest, HostMemoryGoesToTheHostBackend) {
   uct_mem_h memh = nullptr;
   ASSERT_EQ(UCS_OK, reg_->reg(at(1, 10), 100, UCT_MD_MEM_ACCESS_RMA, &memh));
-  EXPECT_EQ(1, host_.regs);
-  EXPECT_EQ(0, cuda_.regs);
+  EXPECT_EQ(1, host_.registered());
+  EXPECT_EQ(0, cuda_.registered());
   const auto* r = static_cast<rcache::Region*>(memh);
   EXPECT_EQ(MemType::kHost, r->memType());
   EXPECT_EQ(base_ + kPage, r->start());
@@ -145,9 +106,9 @@ TEST_F(RegistrarTest, HostMemoryGoesToTheHostBackend) {
 TEST_F(RegistrarTest, DeviceMemoryGoesToTheGpuDirectBackend) {
   uct_mem_h memh = nullptr;
   ASSERT_EQ(UCS_OK, reg_->reg(at(33), kPage, UCT_MD_MEM_ACCESS_RMA, &memh));
-  EXPECT_EQ(0, host_.regs);
-  EXPECT_EQ(1, cuda_.regs);
-  EXPECT_EQ(MemType::kCuda, cuda_.live.begin()->second.type);
+  EXPECT_EQ(0, host_.registered());
+  EXPECT_EQ(1, cuda_.registered());
+  EXPECT_EQ(MemType::kCuda, cuda_.firstLive()->type);
   EXPECT_EQ(UCS_OK, dereg(memh));
 }
 
@@ -156,20 +117,20 @@ TEST_F(RegistrarTest, DeviceMemoryWithoutGpuDirectIsUnsupported) {
   uct_mem_h memh = nullptr;
   EXPECT_EQ(UCS_ERR_UNSUPPORTED, reg_->reg(at(33), kPage, UCT_MD_MEM_ACCESS_RMA, &memh));
   EXPECT_EQ(nullptr, memh);
-  EXPECT_EQ(0, host_.regs + cuda_.regs);
+  EXPECT_EQ(0, host_.registered() + cuda_.registered());
 }
 
 TEST_F(RegistrarTest, ManagedMemoryIsRefusedNotRegisteredAsHost) {
   uct_mem_h memh = nullptr;
   EXPECT_EQ(UCS_ERR_UNSUPPORTED,
             reg_->reg(at(50), kPage, UCT_MD_MEM_ACCESS_RMA | UCT_MD_MEM_FLAG_HIDE_ERRORS, &memh));
-  EXPECT_EQ(0, host_.regs + cuda_.regs);
+  EXPECT_EQ(0, host_.registered() + cuda_.registered());
 }
 
 TEST_F(RegistrarTest, AccessFlagsReachTheBackendNarrowly) {
   uct_mem_h memh = nullptr;
   ASSERT_EQ(UCS_OK, reg_->reg(at(2), kPage, UCT_MD_MEM_ACCESS_REMOTE_GET, &memh));
-  EXPECT_EQ(static_cast<unsigned>(rcache::kAccessRemoteRead), host_.live.begin()->second.access);
+  EXPECT_EQ(static_cast<unsigned>(rcache::kAccessRemoteRead), host_.firstLive()->access);
   EXPECT_EQ(UCS_OK, dereg(memh));
 }
 
@@ -189,12 +150,12 @@ TEST_F(RegistrarTest, BadInputIsRefusedAndLoggedUnlessHidden) {
             reg_->reg(at(1), 0, UCT_MD_MEM_ACCESS_RMA | UCT_MD_MEM_FLAG_HIDE_ERRORS, &memh));
   EXPECT_EQ(0, g_error_logs) << "HIDE_ERRORS must keep errors out of the error log";
   EXPECT_EQ(nullptr, memh);
-  EXPECT_EQ(0, host_.regs);
+  EXPECT_EQ(0, host_.registered());
 }
 
 TEST_F(RegistrarTest, BackendFailureIsMappedAndLeavesNothing) {
   uct_mem_h memh = nullptr;
-  host_.fail_next = rcache::Status::kIoError;
+  host_.failNext(rcache::Status::kIoError);
   EXPECT_EQ(UCS_ERR_IO_ERROR,
             reg_->reg(at(3), kPage, UCT_MD_MEM_ACCESS_RMA | UCT_MD_MEM_FLAG_HIDE_ERRORS, &memh));
   EXPECT_EQ(0u, reg_->cache().stats().regions);
@@ -213,7 +174,7 @@ TEST_F(RegistrarTest, InvalidateCompletesOnceTheRegistrationIsGone) {
   } comp{{[](uct_completion_t* c) { reinterpret_cast<Comp*>(c)->calls++; }, 1, UCS_OK}, 0};
   ASSERT_EQ(UCS_OK, dereg(a, ucx::kDeregFlagInvalidate, &comp.c));
   EXPECT_EQ(0, comp.calls);
-  EXPECT_EQ(1u, host_.live.size()) << "deregistered while a holder remains";
+  EXPECT_EQ(1, host_.live()) << "deregistered while a holder remains";
   uct_mem_h c = nullptr;
   ASSERT_EQ(UCS_OK, reg_->reg(at(4), kPage, UCT_MD_MEM_ACCESS_RMA, &c));
   EXPECT_NE(b, c);

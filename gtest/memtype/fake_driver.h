@@ -4,13 +4,14 @@
 
 #include <dlfcn.h>
 
-#include <cstddef>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <utility>
 
+#include "gtest/common/log_capture.h"
 #include "memtype/memtype.h"
 
 namespace gmd::memtype::test {
@@ -107,28 +108,6 @@ class FreeRecorder {
 };
 
 // Captures memtype's log lines at or above a level.
-class LogCapture {
- public:
-  LogCapture() {
-    count_ = 0;
-    loud_ = 0;
-    setLogger(&LogCapture::sink);
-  }
-  ~LogCapture() { setLogger(nullptr); }
-  static int loud() { return loud_; }  // kError, kWarn, kInfo
-  static int all() { return count_; }
-  static void reset() {
-    count_ = 0;
-    loud_ = 0;
-  }
-
- private:
-  static void sink(LogLevel level, const char*) {
-    ++count_;
-    if (level != LogLevel::kDebug) ++loud_;
-  }
-  static inline int count_ = 0;
-  static inline int loud_ = 0;
-};
+using gmd::test::LogCapture;
 
 }  // namespace gmd::memtype::test

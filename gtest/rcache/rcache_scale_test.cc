@@ -15,11 +15,13 @@
 #include <thread>
 #include <vector>
 
-#include "gtest/rcache/fake_backend.h"
+#include "gtest/common/fake_backend.h"
 #include "gtest/rcache/stress.h"
 #include "rcache/rcache.h"
 
 namespace gmd::rcache::test {
+
+using gmd::test::FakeBackend;
 namespace {
 
 constexpr std::uintptr_t kPage = 4096;

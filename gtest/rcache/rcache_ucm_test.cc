@@ -13,12 +13,14 @@
 #include <cstring>
 #include <memory>
 
-#include "gtest/rcache/fake_backend.h"
+#include "gtest/common/fake_backend.h"
 #include "gtest/rcache/stress.h"
 #include "rcache/rcache.h"
 #include "rcache/ucm_monitor.h"
 
 namespace gmd::rcache::test {
+
+using gmd::test::FakeBackend;
 namespace {
 
 constexpr std::size_t kPage = 4096;

@@ -25,10 +25,12 @@
 #include <thread>
 #include <vector>
 
-#include "gtest/rcache/fake_backend.h"
+#include "gtest/common/fake_backend.h"
 #include "rcache/rcache.h"
 
 namespace gmd::rcache::test {
+
+using gmd::test::FakeBackend;
 
 struct StressOptions {
   int threads = 4;

@@ -1,5 +1,8 @@
-// A registration backend for tests that keeps an oracle of what is registered, by whom, and how
-// often it was deregistered. Thread-safe (one mutex); failures can be injected.
+// The one fake registration backend of the tests and benchmarks. With its oracle (the default) it
+// keeps a record of what is registered, by whom, and how often it was deregistered, and fails the
+// running test on a double or premature deregistration; failures can be injected. Without it
+// (kNoOracle, for benchmarks) reg() and dereg() do nothing but succeed, so a benchmark measures the
+// cache alone. Thread-safe (one mutex, oracle mode only).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -16,15 +19,26 @@
 
 #include "rcache/rcache.h"
 
-namespace gmd::rcache {
-// Lets gtest print a Status by name.
+namespace gmd {
+// Lets gtest print a Status (and a Result) by name.
 inline void PrintTo(Status s, std::ostream* os) { *os << statusString(s); }
-}  // namespace gmd::rcache
+inline void PrintTo(const Result& r, std::ostream* os) {
+  *os << statusString(r.status);
+  if (r.error != 0) *os << " (errno " << r.error << ")";
+}
+}  // namespace gmd
 
-namespace gmd::rcache::test {
+namespace gmd::test {
 
-class FakeBackend final : public Backend {
+class FakeBackend final : public rcache::Backend {
  public:
+  using Registration = rcache::Registration;
+  using Region = rcache::Region;
+  enum Oracle { kWithOracle, kNoOracle };
+  explicit FakeBackend(Oracle oracle = kWithOracle, const char* name = "fake")
+      : oracle_(oracle == kWithOracle), name_(name) {}
+  explicit FakeBackend(const char* name) : FakeBackend(kWithOracle, name) {}
+
   struct Record {
     std::uintptr_t start = 0;
     std::size_t length = 0;
@@ -35,8 +49,12 @@ class FakeBackend final : public Backend {
     std::atomic<int> deregs{0};
   };
 
-  Status reg(std::uintptr_t start, std::size_t length, unsigned access, MemType type,
+  Result reg(std::uintptr_t start, std::size_t length, unsigned access, MemoryKind memory,
              Registration* out) noexcept override {
+    if (!oracle_) {
+      out->lkey = out->rkey = 1;
+      return Status::kOk;
+    }
     std::function<void(std::uintptr_t, std::size_t)> hook;
     {
       std::lock_guard<std::mutex> g(mutex_);
@@ -53,7 +71,7 @@ class FakeBackend final : public Backend {
     rec->start = start;
     rec->length = length;
     rec->access = access;
-    rec->type = type;
+    rec->type = memory.type;
     if (token_fn_) rec->token = token_fn_(start);
     std::lock_guard<std::mutex> g(mutex_);
     out->handle = rec.get();
@@ -66,6 +84,7 @@ class FakeBackend final : public Backend {
   }
 
   void dereg(const Registration& reg) noexcept override {
+    if (!oracle_) return;
     auto* rec = static_cast<Record*>(reg.handle);
     std::function<void(Record*)> hook;
     {
@@ -87,7 +106,7 @@ class FakeBackend final : public Backend {
     if (hook) hook(rec);
   }
 
-  const char* name() const noexcept override { return "fake"; }
+  const char* name() const noexcept override { return name_; }
 
   // Oracle bookkeeping done by the test around get()/put().
   static Record* record(const Region* r) { return static_cast<Record*>(r->registration().handle); }
@@ -122,6 +141,19 @@ class FakeBackend final : public Backend {
     std::lock_guard<std::mutex> g(mutex_);
     return dereg_calls_;
   }
+  // Successful registrations so far.
+  long registered() const {
+    std::lock_guard<std::mutex> g(mutex_);
+    return static_cast<long>(records_.size());
+  }
+  // The oldest registration not deregistered yet (null when none).
+  const Record* firstLive() const {
+    std::lock_guard<std::mutex> g(mutex_);
+    for (const auto& r : records_) {
+      if (r->deregs.load() == 0) return r.get();
+    }
+    return nullptr;
+  }
   long deregsInForbidden() const {
     std::lock_guard<std::mutex> g(mutex_);
     return dereg_in_forbidden_;
@@ -138,6 +170,8 @@ class FakeBackend final : public Backend {
   }
 
  private:
+  const bool oracle_;
+  const char* const name_;
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Record>> records_;
   std::unordered_set<const Record*> known_;  // records_, for a constant-time lookup
@@ -150,4 +184,4 @@ class FakeBackend final : public Backend {
   std::atomic<long> premature_{0};
 };
 
-}  // namespace gmd::rcache::test
+}  // namespace gmd::test

@@ -1,0 +1,236 @@
+// The registration cache's two-level index on its own (rcache/index.h), against a std::map model:
+// lookups, overlap walks, splits and merges of leaves, purges, and the structural invariants of
+// rcache/README.md (invariant 1). No cache, no backend, no threads.
+#include "rcache/index.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+namespace gmd::rcache::detail {
+namespace {
+
+struct Node {
+  std::uintptr_t s = 0, e = 0;
+  std::uintptr_t start() const { return s; }
+  std::uintptr_t end() const { return e; }
+  Node* next_unindex_ = nullptr;
+  bool in_index_ = false;
+};
+
+using TestIndex = Index<Node>;
+constexpr std::uintptr_t kPage = 4096;
+
+class IndexTest : public ::testing::Test {
+ protected:
+  ~IndexTest() override {
+    index_.reset();
+    freeAll(reclaim_.retired.takeAll());
+  }
+  void TearDown() override {
+    // Nobody reads: everything retired is collectable at once.
+    freeAll(reclaim_.collect(/*force=*/true));
+  }
+  static void freeAll(Retired* list) {
+    while (list != nullptr) {
+      Retired* next = list->next_retired;
+      ASSERT_TRUE(TestIndex::freeRetired(list))
+          << "the index retired something of kind " << int(list->kind);
+      list = next;
+    }
+  }
+  Node* make(std::uintptr_t first_page, std::uintptr_t pages) {
+    nodes_.push_back(std::make_unique<Node>());
+    Node* n = nodes_.back().get();
+    n->s = first_page * kPage;
+    n->e = (first_page + pages) * kPage;
+    return n;
+  }
+  void insert(Node* n) {
+    ASSERT_TRUE(index_->insert(n));
+    EXPECT_TRUE(n->in_index_);
+    model_[n->s] = n;
+  }
+  void remove(Node* n) {
+    index_->queuePurge(n);
+    model_.erase(n->s);
+  }
+  // Invariant 1: leaves sorted and disjoint, within their key range, key 0 is 0, no empty leaf
+  // unless it is the only one; and the entries are exactly the model's.
+  void checkStructure() {
+    const auto* top = index_->top();
+    ASSERT_GE(top->size, 1u);
+    EXPECT_EQ(top->slots()[0].key, 0u);
+    std::vector<Node*> seen;
+    std::uintptr_t prev_end = 0;
+    for (std::size_t i = 0; i < top->size; ++i) {
+      const auto* leaf = top->leaf(i);
+      if (top->size > 1) {
+        EXPECT_NE(leaf->size, 0u) << "empty leaf " << i;
+      }
+      EXPECT_LE(leaf->size, kLeafMax);
+      const std::uintptr_t lo = top->slots()[i].key;
+      const std::uintptr_t hi = i + 1 < top->size ? top->slots()[i + 1].key : UINTPTR_MAX;
+      if (i + 1 < top->size) {
+        EXPECT_LT(lo, hi) << "keys out of order at " << i;
+      }
+      for (std::size_t k = 0; k < leaf->size; ++k) {
+        const auto& e = leaf->entries()[k];
+        EXPECT_GE(e.start, lo);
+        EXPECT_LT(e.start, hi);
+        EXPECT_GE(e.start, prev_end) << "entries overlap or are out of order";
+        EXPECT_EQ(e.start, e.region->s);
+        EXPECT_EQ(e.end, e.region->e);
+        prev_end = e.end;
+        seen.push_back(e.region);
+      }
+    }
+    std::vector<Node*> want;
+    for (auto& [s, n] : model_) want.push_back(n);
+    EXPECT_EQ(seen, want);
+  }
+  const TestIndex::Entry* floor(std::uintptr_t addr) { return index_->top()->floor(addr); }
+
+  Reclaimer reclaim_;
+  std::unique_ptr<TestIndex> index_ = std::make_unique<TestIndex>(&reclaim_);
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::map<std::uintptr_t, Node*> model_;
+};
+
+TEST_F(IndexTest, EmptyIndexFindsNothing) {
+  EXPECT_EQ(floor(0), nullptr);
+  EXPECT_EQ(floor(UINTPTR_MAX), nullptr);
+  EXPECT_TRUE(TestIndex::isEmptyTop(index_->current()));
+  int calls = 0;
+  index_->forEachOverlap(0, UINTPTR_MAX, [&](const TestIndex::Entry&) { ++calls; });
+  EXPECT_EQ(calls, 0);
+  checkStructure();
+}
+
+TEST_F(IndexTest, FloorIsTheEntryWithTheGreatestStartAtOrBelow) {
+  Node* a = make(10, 2);
+  Node* b = make(20, 4);
+  insert(a);
+  insert(b);
+  EXPECT_EQ(floor(9 * kPage + 4095), nullptr);
+  EXPECT_EQ(floor(10 * kPage)->region, a);
+  EXPECT_EQ(floor(19 * kPage)->region, a) << "floor, even past a's end: the caller checks end";
+  EXPECT_EQ(floor(20 * kPage)->region, b);
+  EXPECT_EQ(floor(UINTPTR_MAX)->region, b);
+  checkStructure();
+}
+
+TEST_F(IndexTest, OverlapWalkVisitsExactlyTheOverlappingEntriesInOrder) {
+  for (std::uintptr_t p = 0; p < 300; p += 3) insert(make(p, 2));  // [p, p+2), gaps of one page
+  checkStructure();
+  ASSERT_GT(index_->top()->size, 1u) << "300/3 entries must have split the first leaf";
+  for (std::uintptr_t s : {0u, 1u, 2u, 5u, 100u, 150u, 299u}) {
+    for (std::uintptr_t len : {1u, 2u, 3u, 40u, 200u}) {
+      std::vector<Node*> got, want;
+      index_->forEachOverlap(s * kPage, (s + len) * kPage,
+                             [&](const TestIndex::Entry& e) { got.push_back(e.region); });
+      for (auto& [start, n] : model_) {
+        if (n->s < (s + len) * kPage && s * kPage < n->e) want.push_back(n);
+      }
+      EXPECT_EQ(got, want) << "[" << s << ", +" << len << ") pages";
+    }
+  }
+}
+
+TEST_F(IndexTest, RandomInsertionsAndPurgesKeepTheInvariants) {
+  std::mt19937 rng(42);
+  std::vector<std::uintptr_t> pages(4000);
+  for (std::size_t i = 0; i < pages.size(); ++i) pages[i] = 2 * i;  // one page, one gap
+  std::shuffle(pages.begin(), pages.end(), rng);
+  for (std::uintptr_t p : pages) insert(make(p, 1));
+  checkStructure();
+  const std::size_t leaves_full = index_->top()->size;
+  EXPECT_GE(leaves_full, pages.size() / kLeafMax) << "leaves hold at most kLeafMax entries";
+
+  // Every lookup lands on its entry; a gap page floors to the entry below it.
+  for (std::uintptr_t p = 0; p < 2 * pages.size(); ++p) {
+    const auto* e = floor(p * kPage + 17);
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->region->s, (p & ~std::uintptr_t{1}) * kPage) << p;
+  }
+
+  // Purge three quarters in random batches (an invalidation queues a batch, a purge applies it).
+  std::vector<Node*> victims;
+  for (auto& [s, n] : model_) {
+    if (rng() % 4 != 0) victims.push_back(n);
+  }
+  std::shuffle(victims.begin(), victims.end(), rng);
+  for (std::size_t i = 0; i < victims.size(); i += 97) {
+    for (std::size_t k = i; k < std::min(victims.size(), i + 97); ++k) remove(victims[k]);
+    EXPECT_TRUE(index_->dirty());
+    ASSERT_TRUE(index_->purge());
+    EXPECT_FALSE(index_->dirty());
+    for (std::size_t k = i; k < std::min(victims.size(), i + 97); ++k) {
+      EXPECT_FALSE(victims[k]->in_index_);
+    }
+  }
+  checkStructure();
+  EXPECT_LT(index_->top()->size, leaves_full) << "shrunken leaves merge";
+
+  // Removing the rest leaves the one empty leaf.
+  for (auto it = model_.begin(); it != model_.end();) {
+    Node* n = it->second;
+    ++it;
+    remove(n);
+  }
+  ASSERT_TRUE(index_->purge());
+  checkStructure();
+  EXPECT_EQ(index_->top()->size, 1u);
+  EXPECT_EQ(floor(UINTPTR_MAX), nullptr);
+}
+
+TEST_F(IndexTest, QueuePurgeOfAnUnindexedNodeDoesNothing) {
+  Node* a = make(1, 1);
+  index_->queuePurge(a);
+  EXPECT_FALSE(index_->dirty());
+  insert(a);
+  remove(a);
+  EXPECT_TRUE(index_->dirty());
+  EXPECT_TRUE(index_->purge());
+  index_->queuePurge(a);  // out of the index now: nothing to queue
+  EXPECT_FALSE(index_->dirty());
+  checkStructure();
+}
+
+TEST_F(IndexTest, InsertAfterQueueingTheOverlappedEntriesReplacesThem) {
+  Node* a = make(10, 2);
+  Node* b = make(13, 2);
+  insert(a);
+  insert(b);
+  Node* u = make(10, 5);  // the union
+  remove(a);
+  remove(b);
+  insert(u);  // purges first
+  EXPECT_FALSE(a->in_index_);
+  EXPECT_FALSE(b->in_index_);
+  EXPECT_EQ(floor(14 * kPage)->region, u);
+  checkStructure();
+}
+
+TEST_F(IndexTest, DetachHandsTheTopToTheCallerAndEmptiesTheIndex) {
+  for (std::uintptr_t p = 0; p < 200; p += 2) insert(make(p, 1));
+  TestIndex::TopT* top = index_->detach();
+  EXPECT_EQ(floor(UINTPTR_MAX), nullptr);
+  std::size_t entries = 0;
+  for (std::size_t i = 0; i < top->size; ++i) {
+    entries += top->leaf(i)->size;
+    TestIndex::releaseLeaf(top->leaf(i));
+  }
+  TestIndex::releaseTop(top);
+  EXPECT_EQ(entries, 100u);
+  model_.clear();
+  checkStructure();
+}
+
+}  // namespace
+}  // namespace gmd::rcache::detail

@@ -1,0 +1,627 @@
+// The registration cache: lookups (the lock-free hit path), misses, invalidation, deferred
+// deregistration and counters. See rcache/cache_impl.h for the shape and rcache/README.md for the
+// invariants; eviction.cc holds the limits, fork.cc the fork() handling.
+//
+//  - The index (index.h) is published through an atomic pointer. Readers look it up inside an epoch
+//    (reclaim.h) and take a reference with one CAS on the region's state word, which fails once the
+//    region is invalid. Writers are serialised by lock_; what they replace is retired and freed
+//    once no reader can still see it.
+//  - invalidate() never blocks and never allocates: it queues the range (invalidation_queue.h),
+//    bumps attention_, and applies the queue at once when it can try-lock the writer lock. Every
+//    get() reads attention_ before its lookup and drains the queue first when it is non-zero.
+//  - Deregistration happens outside lock_, in get()/put()/progress(), never inside invalidate().
+#include <unistd.h>
+
+#include <mutex>
+#include <new>
+
+#include "common/log.h"
+#include "rcache/cache_impl.h"
+#include "rcache/fork.h"
+
+namespace gmd::rcache {
+namespace detail {
+namespace {
+
+constexpr const char* kModule = "rcache";
+
+std::atomic<std::uint64_t> g_next_cache_id{1};
+
+// The calling thread's reader slot in the cache it used last (caches have unique ids).
+struct TlsSlot {
+  std::uint64_t cache_id;
+  ReaderSlot* slot;
+};
+__attribute__((tls_model("initial-exec"))) thread_local TlsSlot tls_slot{0, nullptr};
+
+}  // namespace
+
+CacheImpl::CacheImpl(const Config& config) noexcept
+    : config_(config),
+      id_(g_next_cache_id.fetch_add(1, std::memory_order_relaxed)),
+      unused_flush_bound_(static_cast<std::int64_t>(
+          std::min<std::size_t>(config.max_unused_bytes / 8, std::size_t{64} << 20))) {
+  registerCache(this);
+}
+
+CacheImpl::~CacheImpl() {
+  unregisterCache(this);
+  finishWork();
+  // The contract says nothing is held and nobody calls in any more. Deregister what is left.
+  IndexT::TopT* top;
+  {
+    WriterGuard g(lock_);
+    top = index_.detach();
+  }
+  std::size_t held = 0;
+  for (std::size_t i = 0; i < top->size; ++i) {
+    IndexT::LeafT* leaf = top->leaf(i);
+    for (std::size_t k = 0; k < leaf->size; ++k) {
+      RegionImpl* r = leaf->entries()[k].region;
+      const std::uint64_t s = r->state_.load(std::memory_order_acquire);
+      if ((s & kInvalid) != 0) continue;  // owned by a holder (a contract breach) or a zombie
+      if ((s & kHolderMask) != 0) ++held;
+      deregister(r);
+      delete r;
+    }
+    IndexT::releaseLeaf(leaf);
+  }
+  for (RegionImpl* z = zombies_; z != nullptr;) {
+    RegionImpl* next = z->next_dead_;
+    delete z;
+    z = next;
+  }
+  if (held != 0) log(LogLevel::kWarn, kModule, "cache destroyed with %zu regions still held", held);
+  IndexT::releaseTop(top);
+  freeList(reclaim_.retired.takeAll());
+}
+
+// Tells what is wrong with a request the fast check in get() refused. Caller mistakes: the status
+// says it, the line is for debugging.
+__attribute__((noinline, cold)) Result CacheImpl::checkRequest(const void* address,
+                                                               std::size_t length, unsigned access,
+                                                               const Resolver& resolver,
+                                                               Region* const* region,
+                                                               Range* rq) const noexcept {
+  if (region == nullptr || (resolver.isFixed() && resolver.fixedBackend() == nullptr)) {
+    log(LogLevel::kDebug, kModule, "get(%p, %zu): null %s", address, length,
+        region == nullptr ? "region output" : "backend");
+    return Status::kInvalidParam;
+  }
+  if (length == 0 || length > kMaxRequestLength) {
+    log(LogLevel::kDebug, kModule, "get(%p, %zu): %s length", address, length,
+        length == 0 ? "zero" : "absurd");
+    return Status::kInvalidParam;
+  }
+  if ((access & ~static_cast<unsigned>(kAccessAll)) != 0) {
+    log(LogLevel::kDebug, kModule, "get(%p, %zu): unknown access bits 0x%x", address, length,
+        access);
+    return Status::kInvalidParam;
+  }
+  if (!alignOutwards(address, length, config_.alignment, rq)) {
+    log(LogLevel::kDebug, kModule, "get(%p, %zu): range wraps around the address space", address,
+        length);
+    return Status::kInvalidParam;
+  }
+  if (rq->length() > config_.max_pinned_bytes) {
+    log(LogLevel::kDebug, kModule, "get(%p, %zu): %zu aligned bytes exceed max_pinned_bytes %zu",
+        address, length, rq->length(), config_.max_pinned_bytes);
+    return Status::kExceedsLimit;
+  }
+  return Status::kOk;
+}
+
+__attribute__((always_inline)) inline ReaderSlot* CacheImpl::mySlot() noexcept {
+  if (__builtin_expect(tls_slot.cache_id == id_, 1)) return tls_slot.slot;
+  return mySlotSlow();
+}
+
+__attribute__((noinline)) ReaderSlot* CacheImpl::mySlotSlow() noexcept {
+  const int ti = threadIndex();
+  ReaderSlot* s = ti >= 0 ? reclaim_.slots.slot(ti) : nullptr;
+  if (s != nullptr) tls_slot = TlsSlot{id_, s};
+  return s;
+}
+
+// The slot's delta passed its bound (or there is no slot): move it to the shared counter.
+__attribute__((noinline)) void CacheImpl::flushUnused(ReaderSlot* slot,
+                                                      std::int64_t delta) noexcept {
+  std::int64_t v = delta;
+  if (slot != nullptr) {
+    v += slot->unused_delta.load(std::memory_order_relaxed);
+    slot->unused_delta.store(0, std::memory_order_relaxed);
+  }
+  const std::int64_t total = unused_shared_.fetch_add(v, std::memory_order_relaxed) + v;
+  if (delta > 0 && total > static_cast<std::int64_t>(config_.max_unused_bytes)) {
+    // Over the unused limit: have the next caller (or this put) evict.
+    WriterGuard g(lock_);
+    setWork_locked(true);
+  }
+}
+
+void CacheImpl::advanceLruClock_locked() noexcept {
+  std::uint64_t m = lru_clock_.load(std::memory_order_relaxed);
+  reclaim_.slots.forEach(
+      [&](const ReaderSlot& s) { m = std::max(m, s.lru_seq.load(std::memory_order_relaxed)); });
+  lru_clock_.store(m + 1, std::memory_order_relaxed);
+}
+
+std::int64_t CacheImpl::unusedExact() const noexcept {
+  std::int64_t sum = unused_shared_.load(std::memory_order_relaxed);
+  reclaim_.slots.forEach(
+      [&](const ReaderSlot& s) { sum += s.unused_delta.load(std::memory_order_relaxed); });
+  return sum;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Hit path
+
+Result CacheImpl::get(const void* address, std::size_t length, unsigned access,
+                      const Resolver& resolver, Region** region) noexcept {
+  Range rq;
+  // One test for the common case; checkRequest() tells what is wrong otherwise.
+  if (__builtin_expect(
+          length - 1 >= kMaxRequestLength || (access & ~static_cast<unsigned>(kAccessAll)) != 0 ||
+              region == nullptr || (resolver.isFixed() && resolver.fixedBackend() == nullptr) ||
+              !alignOutwards(address, length, config_.alignment, &rq) ||
+              rq.length() > config_.max_pinned_bytes,
+          0)) {
+    const Result st = checkRequest(address, length, access, resolver, region, &rq);
+    if (!st.ok()) return st;
+  }
+  if (fastHit(rq, access, &resolver, region)) return Status::kOk;
+  return getSlow(address, length, rq, access, resolver, region);
+}
+
+// The lock-free hit: a valid region covering rq with `access` that serves `resolver` (any region
+// when null), acquired. False when there is none or pending work must run first.
+__attribute__((always_inline)) inline bool CacheImpl::fastHit(const Range& rq, unsigned access,
+                                                              const Resolver* resolver,
+                                                              Region** region) noexcept {
+  ReaderSlot* slot = mySlot();
+  if (__builtin_expect(slot == nullptr || attention_.load(std::memory_order_acquire) != 0, 0)) {
+    return false;
+  }
+  readerEnter(slot->epoch, reclaim_.slots.epoch());
+  const Entry* e = index_.top()->floor(rq.start);
+  bool hit = false;
+  std::uint64_t prev = 0;
+  RegionImpl* r = nullptr;
+  if (e != nullptr && e->end >= rq.end) {
+    r = e->region;
+    hit = (resolver == nullptr ? (r->access() & access) == access : r->serves(access, *resolver)) &&
+          r->tryAcquire(&prev);
+  }
+  slot->epoch.store(0, std::memory_order_release);
+  if (!hit) return false;
+  bump(slot->hits, std::uint64_t{1});
+  if (prev == 0) addUnused(slot, -static_cast<std::int64_t>(r->length()));
+  *region = r;
+  return true;
+}
+
+bool CacheImpl::find(const void* address, std::size_t length, unsigned access,
+                     Region** region) noexcept {
+  Range rq;
+  if (length - 1 >= kMaxRequestLength || (access & ~static_cast<unsigned>(kAccessAll)) != 0 ||
+      region == nullptr || !alignOutwards(address, length, config_.alignment, &rq)) {
+    return false;
+  }
+  return fastHit(rq, access, nullptr, region);
+}
+
+void CacheImpl::put(Region* region) noexcept {
+  if (region == nullptr) {
+    log(LogLevel::kWarn, kModule, "put(nullptr)");
+    return;
+  }
+  auto* r = static_cast<RegionImpl*>(region);
+  const auto len = static_cast<std::int64_t>(r->length());
+  ReaderSlot* slot = mySlot();
+  r->last_used_.store(releaseTick(slot), std::memory_order_relaxed);
+  const std::uint64_t prev = r->state_.fetch_sub(1, std::memory_order_acq_rel);
+  if (__builtin_expect((prev & kHolderMask) == 1, 1)) {
+    // The last holder. A valid region stays cached (unused); an invalid one is ours to deregister.
+    if ((prev & kInvalid) == 0) {
+      addUnused(slot, len);
+    } else {
+      releaseInvalid(r);
+    }
+  } else if ((prev & kHolderMask) == 0) {
+    r->state_.fetch_add(1, std::memory_order_relaxed);
+    log(LogLevel::kWarn, kModule, "put(%p): region is not held", static_cast<void*>(r));
+    return;
+  }
+  if (attention_.load(std::memory_order_acquire) != 0) finishWork();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Miss path
+
+__attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::size_t length,
+                                                    const Range& rq, unsigned access,
+                                                    const Resolver& resolver,
+                                                    Region** out) noexcept {
+  // What to register, asked once and outside the lock (classification may call a driver).
+  const Resolution what = resolver.resolve(address, length);
+  if (!what.result.ok()) return what.result;
+  if (what.backend == nullptr) {
+    log(LogLevel::kDebug, kModule, "get(%p, %zu): the resolver named no backend", address, length);
+    return Status::kInvalidParam;
+  }
+  const MemType type = what.memory.type;
+  Backend* const backend = what.backend;
+  RegionImpl* hit = nullptr;
+  Range want = rq;
+  unsigned want_access = access;
+  std::uint64_t seq0 = 0;
+  Status st = Status::kOk;
+  {
+    WriterGuard g(lock_);
+    applyQueued_locked();
+    std::uint64_t prev = 0;
+    const Entry* e = index_.current()->floor(rq.start);
+    if (e != nullptr && e->end >= rq.end) {
+      RegionImpl* r = e->region;
+      if (r->serves(access, resolver) && r->tryAcquire(&prev)) hit = r;
+    }
+    if (hit != nullptr) {
+      bump(slow_hits_, std::uint64_t{1});
+      if (prev == 0) {
+        unused_shared_.fetch_sub(static_cast<std::int64_t>(hit->length()),
+                                 std::memory_order_relaxed);
+      }
+    } else {
+      // Rule 3: the new registration covers the union of the overlapping valid regions.
+      index_.forEachOverlap(rq.start, rq.end, [&](const Entry& o) {
+        RegionImpl* r = o.region;
+        if ((r->state_.load(std::memory_order_relaxed) & kInvalid) != 0) return;
+        if (r->memType() != type || r->backend() != backend) return;
+        want.start = std::min(want.start, o.start);
+        want.end = std::max(want.end, o.end);
+        want_access |= r->access();
+      });
+      if (want.length() > config_.max_pinned_bytes) want = rq;
+      advanceLruClock_locked();
+      if (!makeRoom_locked(want.length())) {
+        st = Status::kNoResource;
+      } else {
+        regions_.fetch_add(1, std::memory_order_relaxed);
+        pinned_.fetch_add(static_cast<std::int64_t>(want.length()), std::memory_order_relaxed);
+        seq0 = queue_.applied();
+      }
+    }
+  }
+  if (attention_.load(std::memory_order_acquire) != 0) finishWork();
+  if (hit != nullptr) {
+    *out = hit;
+    return Status::kOk;
+  }
+  if (st != Status::kOk) {
+    log(LogLevel::kDebug, kModule,
+        "register [0x%zx, 0x%zx): region limits reached (max_regions %zu, max_pinned_bytes %zu) "
+        "and every region is in use",
+        static_cast<std::size_t>(rq.start), static_cast<std::size_t>(rq.end), config_.max_regions,
+        config_.max_pinned_bytes);
+    return st;
+  }
+
+  const std::size_t len = want.length();
+  auto unreserve = [&] {
+    regions_.fetch_sub(1, std::memory_order_relaxed);
+    pinned_.fetch_sub(static_cast<std::int64_t>(len), std::memory_order_relaxed);
+  };
+  Registration reg{};
+  Result res = backend->reg(want.start, len, want_access, what.memory, &reg);
+  if (res.status == Status::kNoResource) {
+    // Rule 6: evict every unused region, then retry once.
+    std::size_t evicted;
+    {
+      WriterGuard g(lock_);
+      evicted = evictAllUnused_locked();
+    }
+    finishWork();
+    log(LogLevel::kDebug, kModule, "backend out of resources: evicted %zu unused regions, retrying",
+        evicted);
+    res = backend->reg(want.start, len, want_access, what.memory, &reg);
+  }
+  if (!res.ok()) {
+    unreserve();
+    // The caller reports the failure (md/ at the level its caller asked for).
+    log(LogLevel::kDebug, kModule, "%s: registering [0x%zx, 0x%zx) failed: %s", backend->name(),
+        static_cast<std::size_t>(want.start), static_cast<std::size_t>(want.end),
+        statusString(res.status));
+    return res;
+  }
+  auto* nr = new (std::nothrow) RegionImpl(want, want_access, type, backend, reg);
+  if (nr == nullptr) {
+    backend->dereg(reg);
+    unreserve();
+    log(LogLevel::kDebug, kModule, "no memory for a region");
+    return Status::kNoMemory;
+  }
+  nr->fork_gen_ = fork_gen_.load(std::memory_order_relaxed);
+  misses_.fetch_add(1, std::memory_order_relaxed);
+  Retired* freeable = nullptr;
+  {
+    WriterGuard g(lock_);
+    applyQueued_locked();
+    if (queue_.invalidatedSince(seq0, want)) {
+      // The memory changed while we registered it. The caller asked before the invalidation
+      // completed, so it may use this registration, but nobody else will: it never enters the
+      // index.
+      nr->state_.store(1 | kInvalid, std::memory_order_relaxed);
+      bump(inval_in_use_, std::uint64_t{1});
+      bump(deferred_, std::uint64_t{1});
+    } else {
+      bool merged = false;
+      index_.forEachOverlap(want.start, want.end, [&](const Entry& o) {
+        RegionImpl* r = o.region;
+        const bool same = r->memType() == type && r->backend() == backend;
+        if (markInvalid_locked(r, same ? DoomReason::kMerged : DoomReason::kStale)) {
+          merged = merged || same;
+        }
+      });
+      if (merged) bump(merges_, std::uint64_t{1});
+      if (!insert_locked(nr)) {
+        nr->state_.store(1 | kInvalid, std::memory_order_relaxed);  // usable, never indexed
+        bump(deferred_, std::uint64_t{1});
+      }
+      enforceUnused_locked();
+    }
+    freeable = reclaim_.collect(false);
+  }
+  freeList(freeable);
+  if (attention_.load(std::memory_order_acquire) != 0) finishWork();
+  *out = nr;
+  return Status::kOk;
+}
+
+// Indexes `r` (valid, held by its requester) once the entries it overlaps were marked invalid.
+// False when it cannot (no memory, or an overlapped entry could not be purged): then it must never
+// be indexed.
+bool CacheImpl::insert_locked(RegionImpl* r) noexcept {
+  if (!lru_.reserveOne() || !index_.insert(r)) return false;
+  // Its requester releases it later, with a tick at least the current clock.
+  lru_.push(r, lru_clock_.load(std::memory_order_relaxed));
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Invalidation
+
+void CacheImpl::invalidate(const void* address, std::size_t length) noexcept {
+  if (length == 0) return;
+  Range r;
+  if (!alignOutwards(address, length, config_.alignment, &r)) {
+    // Reaches the top of the address space (or wraps): everything from the start up.
+    r = Range{reinterpret_cast<std::uintptr_t>(address) & ~(config_.alignment - 1), UINTPTR_MAX};
+  }
+  attention_.fetch_add(1, std::memory_order_seq_cst);
+  queue_.push(r);
+  if (lock_.try_lock()) {
+    applyQueued_locked(/*wait=*/false);
+    lock_.unlock();
+  }
+}
+
+void CacheImpl::applyQueued_locked(bool wait) noexcept {
+  std::uint64_t over = 0;
+  const std::uint64_t n = queue_.drain(
+      wait,
+      [&](Range r) {
+        index_.forEachOverlap(r.start, r.end, [&](const Entry& e) {
+          markInvalid_locked(e.region, DoomReason::kInvalidated);
+        });
+      },
+      &over);
+  if (over != 0) bump(overflows_, over);
+  if (n != 0) attention_.fetch_sub(n, std::memory_order_acq_rel);
+}
+
+// Takes `r` out of the index (logically: its leaf is rewritten later, by the index's purge()).
+// Returns false if it already was. An unused region goes to the dead list; a held one is
+// deregistered by its last put(). Never allocates (invalidate() calls it).
+bool CacheImpl::markInvalid_locked(RegionImpl* r, DoomReason why) noexcept {
+  const std::uint64_t prev = r->state_.fetch_or(kInvalid, std::memory_order_acq_rel);
+  if ((prev & kInvalid) != 0) return false;
+  leaveIndex_locked(r);
+  if ((prev & kHolderMask) == 0) {
+    doomUnused_locked(r, why);
+  } else {
+    bump(deferred_, std::uint64_t{1});
+    if (why == DoomReason::kInvalidated || why == DoomReason::kStale) {
+      bump(inval_in_use_, std::uint64_t{1});
+    }
+  }
+  return true;
+}
+
+// `r` just became invalid: it leaves the eviction heap, and its entry is queued for purge.
+void CacheImpl::leaveIndex_locked(RegionImpl* r) noexcept {
+  lru_.remove(r);
+  index_.queuePurge(r);
+}
+
+// Bookkeeping for a region that just became invalid with no holder: it leaves the counters and
+// waits on the dead list for deregistration outside lock_.
+void CacheImpl::doomUnused_locked(RegionImpl* r, DoomReason why) noexcept {
+  const auto len = static_cast<std::int64_t>(r->length());
+  unused_shared_.fetch_sub(len, std::memory_order_relaxed);
+  regions_.fetch_sub(1, std::memory_order_relaxed);
+  pinned_.fetch_sub(len, std::memory_order_relaxed);
+  switch (why) {
+    case DoomReason::kEvicted:
+      bump(evictions_, std::uint64_t{1});
+      break;
+    case DoomReason::kInvalidated:
+    case DoomReason::kStale:
+      bump(inval_unused_, std::uint64_t{1});
+      break;
+    case DoomReason::kMerged:
+      break;
+  }
+  pushDead_locked(r);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Dead regions, reclamation
+
+void CacheImpl::pushDead_locked(RegionImpl* r) noexcept {
+  r->next_dead_ = dead_;
+  dead_ = r;
+  setWork_locked(true);
+}
+
+RegionImpl* CacheImpl::takeDead_locked() noexcept {
+  RegionImpl* d = dead_;
+  dead_ = nullptr;
+  setWork_locked(false);
+  return d;
+}
+
+void CacheImpl::setWork_locked(bool on) noexcept {
+  if (on == work_flag_) return;
+  work_flag_ = on;
+  if (on) {
+    attention_.fetch_add(kWorkBit, std::memory_order_seq_cst);
+  } else {
+    attention_.fetch_sub(kWorkBit, std::memory_order_seq_cst);
+  }
+}
+
+// `list` (linked by next_dead_) is deregistered. Once no leaf holds them they are retired; those
+// whose leaf cannot be rewritten now (no memory) wait on zombies_ for the next pass.
+void CacheImpl::retireRegions_locked(RegionImpl* list) noexcept {
+  bool indexed = false;
+  for (RegionImpl* r = list; r != nullptr; r = r->next_dead_) indexed = indexed || r->in_index_;
+  if (indexed) index_.purge();
+  for (RegionImpl* r = list; r != nullptr;) {
+    RegionImpl* next = r->next_dead_;
+    if (r->in_index_) {
+      r->next_dead_ = zombies_;
+      zombies_ = r;
+      setWork_locked(true);
+    } else {
+      reclaim_.retire(r);
+    }
+    r = next;
+  }
+}
+
+void CacheImpl::freeList(Retired* list) noexcept {
+  while (list != nullptr) {
+    Retired* next = list->next_retired;
+    if (!IndexT::freeRetired(list)) delete static_cast<RegionImpl*>(list);
+    list = next;
+  }
+}
+
+// A registration made before a fork() is the parent's: the child never deregisters it.
+void CacheImpl::deregister(RegionImpl* r) noexcept {
+  if (r->fork_gen_ == fork_gen_.load(std::memory_order_relaxed))
+    r->backend()->dereg(r->registration());
+}
+
+// Applies queued invalidations, deregisters dead regions (outside lock_) and frees what readers no
+// longer see. Loops because a deregistration may itself raise invalidations (re-entrancy, rule 8).
+__attribute__((noinline)) void CacheImpl::finishWork(bool force_collect) noexcept {
+  for (;;) {
+    RegionImpl* dead;
+    Retired* freeable;
+    {
+      WriterGuard g(lock_);
+      applyQueued_locked();
+      enforceUnused_locked();
+      dead = takeDead_locked();
+      if (zombies_ != nullptr) {
+        RegionImpl* z = zombies_;
+        zombies_ = nullptr;
+        retireRegions_locked(z);
+      }
+      if (dead == nullptr && index_.dirty()) index_.purge();
+      freeable = reclaim_.collect(force_collect && dead == nullptr);
+    }
+    freeList(freeable);
+    if (dead == nullptr) return;
+    for (RegionImpl* r = dead; r != nullptr; r = r->next_dead_) deregister(r);
+    {
+      WriterGuard g(lock_);
+      applyQueued_locked();
+      retireRegions_locked(dead);
+      freeable = reclaim_.collect(force_collect);
+    }
+    freeList(freeable);
+  }
+}
+
+__attribute__((noinline)) void CacheImpl::releaseInvalid(RegionImpl* r) noexcept {
+  if (r->fork_gen_ == fork_gen_.load(std::memory_order_relaxed)) {
+    regions_.fetch_sub(1, std::memory_order_relaxed);
+    pinned_.fetch_sub(static_cast<std::int64_t>(r->length()), std::memory_order_relaxed);
+    r->backend()->dereg(r->registration());
+  }
+  Retired* freeable;
+  {
+    WriterGuard g(lock_);
+    r->next_dead_ = nullptr;
+    retireRegions_locked(r);
+    freeable = reclaim_.collect(false);
+  }
+  freeList(freeable);
+}
+
+void CacheImpl::progress() noexcept { finishWork(/*force_collect=*/true); }
+
+Stats CacheImpl::stats() const noexcept {
+  Stats s;
+  s.hits = slow_hits_.load(std::memory_order_relaxed);
+  reclaim_.slots.forEach(
+      [&](const ReaderSlot& rs) { s.hits += rs.hits.load(std::memory_order_relaxed); });
+  s.misses = misses_.load(std::memory_order_relaxed);
+  s.merges = merges_.load(std::memory_order_relaxed);
+  s.evictions = evictions_.load(std::memory_order_relaxed);
+  s.invalidations_in_use = inval_in_use_.load(std::memory_order_relaxed);
+  s.invalidations_unused = inval_unused_.load(std::memory_order_relaxed);
+  s.deferred_deregs = deferred_.load(std::memory_order_relaxed);
+  s.regions = static_cast<std::uint64_t>(std::max<std::int64_t>(0, regions_.load()));
+  s.pinned_bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(0, pinned_.load()));
+  s.unused_bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(0, unusedExact()));
+  s.invalidation_overflows = overflows_.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace detail
+
+Status Cache::create(const Config& config, std::unique_ptr<Cache>* out) {
+  using detail::kModule;
+  if (out == nullptr) return Status::kInvalidParam;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const auto page_size = static_cast<std::size_t>(page > 0 ? page : 4096);
+  const std::size_t a = config.alignment;
+  if (a < page_size || (a & (a - 1)) != 0 || a > (std::size_t{1} << 30)) {
+    log(LogLevel::kDebug, kModule, "invalid alignment %zu: a power of two between %zu and 1 GiB", a,
+        page_size);
+    return Status::kInvalidParam;
+  }
+  if (config.max_regions == 0 || config.max_pinned_bytes < a ||
+      (config.max_regions != SIZE_MAX && config.max_regions > (std::size_t{1} << 40)) ||
+      (config.max_pinned_bytes != SIZE_MAX && config.max_pinned_bytes > kMaxRequestLength)) {
+    log(LogLevel::kDebug, kModule,
+        "invalid limits: max_regions %zu (1..2^40 or unlimited), max_pinned_bytes %zu "
+        "(alignment..2^57 or unlimited)",
+        config.max_regions, config.max_pinned_bytes);
+    return Status::kInvalidParam;
+  }
+  if (config.max_unused_bytes != SIZE_MAX && config.max_unused_bytes > kMaxRequestLength) {
+    log(LogLevel::kDebug, kModule, "invalid limit: max_unused_bytes %zu", config.max_unused_bytes);
+    return Status::kInvalidParam;
+  }
+  detail::installForkHandlers();
+  auto* c = new (std::nothrow) detail::CacheImpl(config);
+  if (c == nullptr) return Status::kNoMemory;
+  out->reset(c);
+  return Status::kOk;
+}
+
+}  // namespace gmd::rcache

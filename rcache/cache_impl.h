@@ -1,0 +1,196 @@
+// The registration cache (internal to rcache/): CacheImpl ties the index, reclamation, the
+// invalidation queue and the eviction heap together. Defined in cache.cc (lookups, misses,
+// invalidation, deferred work), eviction.cc (limits and LRU eviction) and fork.cc (fork()).
+// See rcache/README.md for the invariants and docs/rcache.md for the design.
+//
+// Thread safety: every public member from any thread (the Cache contract). Writers (misses,
+// invalidations, evictions, deferred work) hold lock_; the hit path and put() take no lock.
+// Lock order: thread-index registry mutex -> cache registry mutex (fork.cc) -> CacheImpl::lock_.
+// invalidate() only ever try-locks lock_, so code under lock_ may allocate (a hook raised by that
+// allocation queues its range instead of waiting).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "common/range.h"
+#include "rcache/index.h"
+#include "rcache/invalidation_queue.h"
+#include "rcache/lru_heap.h"
+#include "rcache/rcache.h"
+#include "rcache/reclaim.h"
+#include "rcache/sync.h"
+
+namespace gmd::rcache::detail {
+
+// State word of a region: holders in the low 32 bits, flags above.
+inline constexpr std::uint64_t kHolderMask = 0xffffffffull;
+inline constexpr std::uint64_t kInvalid = 1ull << 32;  // out of the index; never handed out again
+
+enum class DoomReason : std::uint8_t { kInvalidated, kMerged, kEvicted, kStale };
+
+class alignas(kCacheLine) RegionImpl final : public Region, public Retired {
+ public:
+  RegionImpl(Range range, unsigned access, MemType type, Backend* backend,
+             const Registration& reg) noexcept {
+    start_ = range.start;
+    end_ = range.end;
+    access_ = access;
+    mem_type_ = type;
+    backend_ = backend;
+    reg_ = reg;
+    kind = 0;
+    bytes = sizeof(RegionImpl);
+  }
+  ~RegionImpl() = default;
+
+  // Take a reference unless the region is invalid. *prev_holders receives the count before.
+  bool tryAcquire(std::uint64_t* prev_holders) noexcept {
+    std::uint64_t s = state_.load(std::memory_order_relaxed);
+    do {
+      if ((s & kInvalid) != 0 || (s & kHolderMask) == kHolderMask) return false;
+    } while (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acquire,
+                                           std::memory_order_relaxed));
+    *prev_holders = s & kHolderMask;
+    return true;
+  }
+  // Whether this region answers a request for `access` resolved by `resolver` (rcache.h).
+  bool serves(unsigned access, const Resolver& resolver) const noexcept {
+    return (access_ & access) == access &&
+           (!resolver.isFixed() ||
+            (mem_type_ == resolver.fixedType() && backend_ == resolver.fixedBackend()));
+  }
+
+  std::atomic<std::uint64_t> state_{1};      // created held by its requester
+  std::atomic<std::uint64_t> last_used_{0};  // release tick (see CacheImpl::releaseTick)
+  std::uint32_t fork_gen_ = 0;               // the cache's fork generation when registered
+  // Guarded by lock_:
+  std::uint32_t heap_pos_ = kNotInHeap;  // position in CacheImpl::lru_ (valid indexed regions)
+  RegionImpl* next_dead_ = nullptr;      // dead_ / zombies_ list, or evictOne_locked()'s skip list
+  RegionImpl* next_unindex_ = nullptr;   // the index's purge list: invalid, entry still in a leaf
+  bool in_index_ = false;                // an entry of the published index points here
+};
+
+static_assert(sizeof(RegionImpl) == 2 * kCacheLine);
+
+// Adds `d` to a counter that only writers (under lock_) or a single owner modify; readers may load.
+template <typename T>
+inline void bump(std::atomic<T>& a, T d) noexcept {
+  a.store(a.load(std::memory_order_relaxed) + d, std::memory_order_relaxed);
+}
+
+class CacheImpl final : public Cache {
+ public:
+  explicit CacheImpl(const Config& config) noexcept;
+  ~CacheImpl() override;
+
+  using Cache::get;
+  Result get(const void* address, std::size_t length, unsigned access, const Resolver& resolver,
+             Region** region) noexcept override;
+  void put(Region* region) noexcept override;
+  bool find(const void* address, std::size_t length, unsigned access,
+            Region** region) noexcept override;
+  void invalidate(const void* address, std::size_t length) noexcept override;
+  void progress() noexcept override;
+  Stats stats() const noexcept override;
+  const Config& config() const noexcept override { return config_; }
+
+  // Fork handlers (fork.cc; the cache registry is locked).
+  void forkPrepare() noexcept { lock_.lock(); }
+  void forkParent() noexcept { lock_.unlock(); }
+  void forkChild() noexcept;
+
+  CacheImpl* reg_next_ = nullptr;  // cache registry links, guarded by the registry mutex
+  CacheImpl* reg_prev_ = nullptr;
+
+ private:
+  using IndexT = Index<RegionImpl>;
+  using Entry = IndexT::Entry;
+
+  Result checkRequest(const void* address, std::size_t length, unsigned access,
+                      const Resolver& resolver, Region* const* region, Range* rq) const noexcept;
+  bool fastHit(const Range& rq, unsigned access, const Resolver* resolver,
+               Region** region) noexcept;
+  Result getSlow(const void* address, std::size_t length, const Range& rq, unsigned access,
+                 const Resolver& resolver, Region** out) noexcept;
+  // The calling thread's slot in this cache (null past kMaxThreads threads or on no memory).
+  ReaderSlot* mySlot() noexcept;
+  ReaderSlot* mySlotSlow() noexcept;
+  void addUnused(ReaderSlot* slot, std::int64_t delta) noexcept {
+    if (slot != nullptr) {
+      const std::int64_t v = slot->unused_delta.load(std::memory_order_relaxed) + delta;
+      if (__builtin_expect(v <= unused_flush_bound_ && v >= -unused_flush_bound_, 1)) {
+        slot->unused_delta.store(v, std::memory_order_relaxed);
+        return;
+      }
+    }
+    flushUnused(slot, delta);
+  }
+  void flushUnused(ReaderSlot* slot, std::int64_t delta) noexcept;
+  // LRU order without a shared write on the hit path: a Lamport clock. Each thread ticks its own
+  // counter, never behind lru_clock_; writers move lru_clock_ past every thread's counter at each
+  // miss. Exact within a thread, and across threads between two misses.
+  std::uint64_t releaseTick(ReaderSlot* slot) noexcept {
+    const std::uint64_t g = lru_clock_.load(std::memory_order_relaxed);
+    if (slot == nullptr) return g;
+    const std::uint64_t t = std::max(slot->lru_seq.load(std::memory_order_relaxed) + 1, g);
+    slot->lru_seq.store(t, std::memory_order_relaxed);
+    return t;
+  }
+  void advanceLruClock_locked() noexcept;
+  std::int64_t unusedExact() const noexcept;
+
+  // All *_locked members require lock_.
+  void applyQueued_locked(bool wait = true) noexcept;
+  bool markInvalid_locked(RegionImpl* r, DoomReason why) noexcept;
+  void leaveIndex_locked(RegionImpl* r) noexcept;
+  void doomUnused_locked(RegionImpl* r, DoomReason why) noexcept;
+  // eviction.cc
+  bool evictOne_locked() noexcept;
+  bool makeRoom_locked(std::size_t bytes) noexcept;
+  void enforceUnused_locked() noexcept;
+  std::size_t evictAllUnused_locked() noexcept;
+  // cache.cc
+  void pushDead_locked(RegionImpl* r) noexcept;
+  RegionImpl* takeDead_locked() noexcept;
+  void setWork_locked(bool on) noexcept;
+  bool insert_locked(RegionImpl* r) noexcept;
+  void retireRegions_locked(RegionImpl* list) noexcept;
+
+  void finishWork(bool force_collect = false) noexcept;
+  void releaseInvalid(RegionImpl* r) noexcept;
+  void deregister(RegionImpl* r) noexcept;
+  static void freeList(Retired* list) noexcept;
+
+  const Config config_;
+  const std::uint64_t id_;
+  const std::int64_t unused_flush_bound_;
+
+  // Read on every get(), one cache line: attention_ (queued invalidations in the low 32 bits,
+  // + kWorkBit while deregistrations wait), the index's top, the epoch.
+  alignas(kCacheLine) std::atomic<std::uint64_t> attention_{0};
+  IndexT index_{&reclaim_};
+  std::atomic<std::uint64_t> lru_clock_{1};
+  Reclaimer reclaim_;
+  static constexpr std::uint64_t kWorkBit = 1ull << 32;
+
+  alignas(kCacheLine) WriterLock lock_;
+  InvalidationQueue queue_;
+
+  // Guarded by lock_.
+  RegionImpl* dead_ = nullptr;     // unused invalid regions waiting for deregistration
+  RegionImpl* zombies_ = nullptr;  // deregistered, still in the index (a leaf rewrite failed)
+  LruHeap<RegionImpl> lru_;        // valid indexed regions by release tick
+  bool work_flag_ = false;         // mirrors kWorkBit in attention_
+  std::atomic<std::uint32_t> fork_gen_{0};  // bumped in a fork child (single-threaded there)
+
+  // Counters; writers update them, stats() reads them from any thread.
+  std::atomic<std::uint64_t> slow_hits_{0}, misses_{0}, merges_{0}, evictions_{0};
+  std::atomic<std::uint64_t> inval_in_use_{0}, inval_unused_{0}, deferred_{0}, overflows_{0};
+  std::atomic<std::int64_t> regions_{0}, pinned_{0};  // indexed or held (or being registered)
+  std::atomic<std::int64_t> unused_shared_{0};        // plus the readers' unused_delta
+};
+
+}  // namespace gmd::rcache::detail

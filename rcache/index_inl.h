@@ -1,0 +1,282 @@
+// The index's writers (templates of rcache/index.h; included by it only). Every change publishes a
+// consistent index: a leaf is built aside and stored into its Top slot, or a new Top is built and
+// stored into top_; what it replaces is retired.
+#pragma once
+
+namespace gmd::rcache::detail {
+
+template <typename Node>
+template <typename F>
+void Index<Node>::forEachOverlap(std::uintptr_t start, std::uintptr_t end, F f) const noexcept {
+  const TopT* top = current();
+  std::size_t i = top->leafFor(start);
+  const LeafT* leaf = top->leaf(i);
+  std::size_t k = leaf->upper(start);
+  if (k != 0) {
+    --k;  // the floor entry; it overlaps if it reaches past start
+    if (leaf->entries()[k].end <= start) ++k;
+  } else if (i != 0) {
+    const LeafT* prev = top->leaf(i - 1);
+    if (prev->size != 0 && prev->entries()[prev->size - 1].end > start) {
+      f(prev->entries()[prev->size - 1]);
+    }
+  }
+  for (; i < top->size; ++i, k = 0) {
+    leaf = top->leaf(i);
+    for (; k < leaf->size; ++k) {
+      const Entry& e = leaf->entries()[k];
+      if (e.start >= end) return;
+      f(e);
+    }
+  }
+}
+
+// Publishes a Top in which leaves [first, first + count) are replaced by leaves[0, n) with keys
+// keys[0, n) (key 0 is forced to 0). On success retires the old Top and the replaced leaves; on
+// failure (no memory) changes nothing and the caller still owns `leaves`.
+template <typename Node>
+bool Index<Node>::replaceLeaves(std::size_t first, std::size_t count, LeafT* const* leaves,
+                                const std::uintptr_t* keys, std::size_t n) noexcept {
+  TopT* cur = current();
+  const std::size_t size = cur->size - count + n;
+  TopT* next = size != 0 ? TopT::allocate(size) : nullptr;
+  if (size != 0 && next == nullptr) return false;
+  if (next == nullptr) {  // the index becomes empty
+    top_.store(&empty_.top, std::memory_order_seq_cst);
+  } else {
+    TopSlot<Node>* to = next->slots();
+    const TopSlot<Node>* from = cur->slots();
+    std::size_t j = 0;
+    for (std::size_t i = 0; i < first; ++i, ++j) {
+      to[j].key = from[i].key;
+      to[j].leaf.store(from[i].leaf.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    }
+    for (std::size_t i = 0; i < n; ++i, ++j) {
+      to[j].key = keys[i];
+      to[j].leaf.store(leaves[i], std::memory_order_relaxed);
+    }
+    for (std::size_t i = first + count; i < cur->size; ++i, ++j) {
+      to[j].key = from[i].key;
+      to[j].leaf.store(from[i].leaf.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    }
+    to[0].key = 0;
+    top_.store(next, std::memory_order_seq_cst);
+  }
+  for (std::size_t i = first; i < first + count; ++i) {
+    LeafT* old = cur->leaf(i);
+    if (!isEmptyLeaf(old)) retire(old);
+  }
+  if (!isEmptyTop(cur)) retire(cur);
+  return true;
+}
+
+// Rewrites leaf i with `add` (may be null; it must overlap no entry) and without the entries of
+// `drop` (a list linked by next_unindex_, sorted by start, of regions whose entries are in this
+// leaf), splitting a leaf that grows past kLeafMax and merging one that shrinks below kLeafMin
+// into a neighbour. Only the regions of `add` and `drop` are looked at, never the others (in a big
+// cache they are cold). Sets in_index_ of `add`, clears it for `drop`. On failure (no memory)
+// changes nothing.
+template <typename Node>
+bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
+  TopT* top = current();
+  LeafT* old = top->leaf(i);
+  // The entries of l but those of d (sorted), and `a` (may be null) in its place, into out;
+  // returns their number.
+  auto gather = [](const LeafT* l, Node* a, const Node* d, Entry* out) {
+    std::size_t j = 0;
+    for (std::size_t k = 0; k < l->size; ++k) {
+      const Entry& e = l->entries()[k];
+      if (a != nullptr && a->start() < e.start) {
+        out[j++] = Entry{a->start(), a->end(), a};
+        a = nullptr;
+      }
+      while (d != nullptr && d->start() < e.start) d = d->next_unindex_;
+      if (d == e.region) {
+        d = d->next_unindex_;
+        continue;
+      }
+      out[j++] = e;
+    }
+    if (a != nullptr) out[j++] = Entry{a->start(), a->end(), a};
+    return j;
+  };
+  auto makeLeaf = [](const Entry* from, std::size_t n) {
+    LeafT* l = LeafT::allocate(n);
+    if (l != nullptr) std::copy(from, from + n, l->entries());
+    return l;
+  };
+
+  Entry buf[2 * kLeafMax + 1];  // this leaf (+ add), then possibly a neighbour
+  const std::size_t n = gather(old, add, drop, buf);
+  const std::uintptr_t key = top->slots()[i].key;
+  bool done = false;
+  if (n == 0 && top->size > 1) {
+    done = replaceLeaves(i, 1, nullptr, nullptr, 0);  // drop the leaf
+  } else if (n > kLeafMax) {
+    // Split: the lower half keeps the key, the upper half starts at its first entry.
+    LeafT* lo = makeLeaf(buf, n / 2);
+    LeafT* hi = makeLeaf(buf + n / 2, n - n / 2);
+    if (lo != nullptr && hi != nullptr) {
+      LeafT* const leaves[2] = {lo, hi};
+      const std::uintptr_t keys[2] = {key, buf[n / 2].start};
+      done = replaceLeaves(i, 1, leaves, keys, 2);
+    }
+    if (!done) {
+      if (lo != nullptr) LeafT::release(lo);
+      if (hi != nullptr) LeafT::release(hi);
+    }
+  } else {
+    // A small leaf merges into a neighbour when both fit in one leaf.
+    std::size_t m = 0;  // the neighbour's entries, gathered after ours
+    std::size_t with = top->size;
+    if (n < kLeafMin && top->size > 1) {
+      // A neighbour's invalid entries come along; they leave with their own purge.
+      if (i + 1 < top->size && n + (m = top->leaf(i + 1)->size) <= kLeafMax) {
+        with = i + 1;
+      } else if (i > 0 && n + (m = top->leaf(i - 1)->size) <= kLeafMax) {
+        with = i - 1;
+      }
+      if (with != top->size) gather(top->leaf(with), nullptr, nullptr, buf + n);
+    }
+    if (with != top->size) {
+      // buf holds [ours, theirs]; the merged leaf wants them in address order.
+      if (with < i) std::rotate(buf, buf + n, buf + n + m);
+      const std::size_t lo_i = std::min(i, with);
+      LeafT* merged = makeLeaf(buf, n + m);
+      if (merged != nullptr) {
+        LeafT* const leaves[1] = {merged};
+        const std::uintptr_t keys[1] = {top->slots()[lo_i].key};
+        done = replaceLeaves(lo_i, 2, leaves, keys, 1);
+        if (!done) LeafT::release(merged);
+      }
+    } else {
+      LeafT* next = n != 0 ? makeLeaf(buf, n) : &empty_leaf_;
+      if (next != nullptr && isEmptyTop(top)) {  // shared: never written to
+        LeafT* const leaves[1] = {next};
+        const std::uintptr_t keys[1] = {0};
+        done = replaceLeaves(0, 1, leaves, keys, 1);
+        if (!done && !isEmptyLeaf(next)) LeafT::release(next);
+      } else if (next != nullptr) {
+        top->slots()[i].leaf.store(next, std::memory_order_release);
+        if (!isEmptyLeaf(old)) retire(old);
+        done = true;
+      }
+    }
+  }
+  if (!done) return false;
+  // The old leaf is retired, not freed before the next collection: mark what left it.
+  const Node* d = drop;
+  for (std::size_t k = 0; k < old->size && d != nullptr; ++k) {
+    const Entry& e = old->entries()[k];
+    while (d != nullptr && d->start() < e.start) d = d->next_unindex_;
+    if (d == e.region) {
+      e.region->in_index_ = false;
+      d = d->next_unindex_;
+    }
+  }
+  if (add != nullptr) add->in_index_ = true;
+  return true;
+}
+
+// Reverses a list linked by next_unindex_.
+template <typename Node>
+Node* Index<Node>::reverse(Node* list) noexcept {
+  Node* reversed = nullptr;
+  while (list != nullptr) {
+    Node* next = list->next_unindex_;
+    list->next_unindex_ = reversed;
+    reversed = list;
+    list = next;
+  }
+  return reversed;
+}
+
+// Sorts a list linked by next_unindex_ by start (merge sort; no allocation). An invalidation
+// queues the regions of its range in descending order: that case is a reversal.
+template <typename Node>
+Node* Index<Node>::sortByStart(Node* list) noexcept {
+  if (list == nullptr || list->next_unindex_ == nullptr) return list;
+  bool descending = true;
+  for (Node* r = list; descending && r->next_unindex_ != nullptr; r = r->next_unindex_) {
+    descending = r->next_unindex_->start() < r->start();
+  }
+  if (descending) return reverse(list);
+  Node* slow = list;  // split in halves
+  for (Node* fast = list->next_unindex_; fast != nullptr && fast->next_unindex_ != nullptr;
+       fast = fast->next_unindex_->next_unindex_) {
+    slow = slow->next_unindex_;
+  }
+  Node* b = slow->next_unindex_;
+  slow->next_unindex_ = nullptr;
+  Node* a = sortByStart(list);
+  b = sortByStart(b);
+  Node* head = nullptr;
+  Node** tail = &head;
+  while (a != nullptr && b != nullptr) {
+    Node*& lower = a->start() < b->start() ? a : b;
+    *tail = lower;
+    tail = &lower->next_unindex_;
+    lower = lower->next_unindex_;
+  }
+  *tail = a != nullptr ? a : b;
+  return head;
+}
+
+template <typename Node>
+bool Index<Node>::purge() noexcept {
+  Node* list = sortByStart(unindex_);
+  Node* retry = nullptr;
+  auto retryAll = [&](Node* batch) {
+    while (batch != nullptr) {
+      Node* next = batch->next_unindex_;
+      batch->next_unindex_ = retry;
+      retry = batch;
+      batch = next;
+    }
+  };
+  // From the highest leaf down: a leaf that shrinks merges preferably with the one above it,
+  // already purged by then.
+  list = reverse(list);
+  while (list != nullptr) {
+    // The regions of one leaf: those whose start is at or above its key (in ascending order).
+    const TopT* top = current();
+    const std::size_t i = top->leafFor(list->start());
+    const std::uintptr_t key = top->slots()[i].key;
+    Node* last = list;
+    while (last->next_unindex_ != nullptr && last->next_unindex_->start() >= key) {
+      last = last->next_unindex_;
+    }
+    Node* batch = list;
+    list = last->next_unindex_;
+    last->next_unindex_ = nullptr;
+    batch = reverse(batch);
+    if (!rewriteLeaf(i, nullptr, batch)) {
+      retryAll(batch);
+      continue;
+    }
+    while (batch != nullptr) {  // all left the index, unless one was not where it should be
+      Node* next = batch->next_unindex_;
+      batch->next_unindex_ = nullptr;
+      if (batch->in_index_) {
+        batch->next_unindex_ = retry;
+        retry = batch;
+      }
+      batch = next;
+    }
+  }
+  unindex_ = retry;
+  dirty_ = retry != nullptr;
+  return retry == nullptr;
+}
+
+template <typename Node>
+bool Index<Node>::insert(Node* r) noexcept {
+  if (!purge()) {
+    bool clear = true;
+    forEachOverlap(r->start(), r->end(), [&](const Entry&) { clear = false; });
+    if (!clear) return false;
+  }
+  return rewriteLeaf(current()->leafFor(r->start()), r, nullptr);
+}
+
+}  // namespace gmd::rcache::detail
