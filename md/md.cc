@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "md/mapping.h"
+#include "md/ucs_topology.h"
 #include "memtype/memtype.h"
 #include "rcache/ucm_monitor.h"
 
@@ -121,8 +122,12 @@ ucs_status_t mdMemDereg(uct_md_h md, const ucx::DeregParams* params) {
 ucs_status_t mdMemQuery(uct_md_h, const void* address, size_t length, uct_md_mem_attr_t* attr) {
   const memtype::Info info = classify(address, length);
   if (attr->field_mask & UCT_MD_MEM_ATTR_FIELD_MEM_TYPE) attr->mem_type = toUcsMemType(info.type);
-  if (attr->field_mask & UCT_MD_MEM_ATTR_FIELD_SYS_DEV) attr->sys_dev = UCS_SYS_DEVICE_ID_UNKNOWN;
   const bool device = info.type != MemType::kHost && info.size != 0;
+  if (attr->field_mask & UCT_MD_MEM_ATTR_FIELD_SYS_DEV) {
+    // The GPU holding device memory; managed pages move between host and GPUs: no fixed place.
+    attr->sys_dev = info.type == MemType::kCuda ? sysDevices().cudaDevice(info.device)
+                                                : UCS_SYS_DEVICE_ID_UNKNOWN;
+  }
   if (attr->field_mask & UCT_MD_MEM_ATTR_FIELD_BASE_ADDRESS) {
     attr->base_address = device ? reinterpret_cast<void*>(info.base) : const_cast<void*>(address);
   }

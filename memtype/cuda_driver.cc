@@ -8,6 +8,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #if GMD_HAVE_CUDA
 #include <cuda.h>
@@ -100,6 +101,9 @@ DriverApi* load() noexcept {
   api.memGetHandleForAddressRange = reinterpret_cast<decltype(api.memGetHandleForAddressRange)>(
       res.get("cuMemGetHandleForAddressRange", "cuMemGetHandleForAddressRange"));
   api.memFree = reinterpret_cast<decltype(api.memFree)>(res.get("cuMemFree", "cuMemFree_v2"));
+  api.deviceGet = reinterpret_cast<decltype(api.deviceGet)>(res.get("cuDeviceGet", "cuDeviceGet"));
+  api.deviceGetPCIBusId = reinterpret_cast<decltype(api.deviceGetPCIBusId)>(
+      res.get("cuDeviceGetPCIBusId", "cuDeviceGetPCIBusId"));
   if (api.pointerGetAttribute == nullptr || api.pointerGetAttributes == nullptr ||
       api.memGetAddressRange == nullptr || api.deviceGetAttribute == nullptr) {
     log(LogLevel::kWarn, kLogModule,
@@ -125,4 +129,32 @@ const DriverApi* driver() noexcept { return nullptr; }
 #endif  // GMD_HAVE_CUDA
 
 }  // namespace detail
+
+bool cudaDevicePciBusId(int ordinal, char* buf, std::size_t len) noexcept {
+  const detail::DriverApi* api = detail::driver();
+  if (api == nullptr || buf == nullptr || len == 0 || ordinal < 0 || ordinal >= api->device_count ||
+      api->deviceGet == nullptr) {
+    return false;
+  }
+  int device = 0;
+  if (api->deviceGet(&device, ordinal) != 0) return false;
+  char id[32] = {};
+  if (api->deviceGetPCIBusId != nullptr &&
+      api->deviceGetPCIBusId(id, static_cast<int>(sizeof(id)), device) == 0 && id[0] != '\0') {
+    id[sizeof(id) - 1] = '\0';
+  } else {
+    // CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID (50), _BUS_ID (33), _DEVICE_ID (34)
+    int domain = 0, bus = 0, slot = 0;
+    if (api->deviceGetAttribute(&domain, 50, device) != 0 ||
+        api->deviceGetAttribute(&bus, 33, device) != 0 ||
+        api->deviceGetAttribute(&slot, 34, device) != 0) {
+      return false;
+    }
+    std::snprintf(id, sizeof(id), "%04x:%02x:%02x.0", domain, bus, slot);
+  }
+  if (std::strlen(id) >= len) return false;
+  std::memcpy(buf, id, std::strlen(id) + 1);
+  return true;
+}
+
 }  // namespace gmd::memtype

@@ -36,6 +36,9 @@ struct DriverApi {
   // Optional (CUDA >= 11.7 drivers); nullptr when absent.
   CuResult (*memGetHandleForAddressRange)(void* handle, CuDevicePtr ptr, std::size_t size, int type,
                                           unsigned long long flags) = nullptr;
+  CuResult (*deviceGet)(int* device, int ordinal) = nullptr;
+  // Optional; nullptr when absent (then the PCI attributes answer, function 0).
+  CuResult (*deviceGetPCIBusId)(char* bus_id, int len, int device) = nullptr;
   // The driver's own free entry points, for tests that need to free behind the hooks' back.
   CuResult (*memFree)(CuDevicePtr ptr) = nullptr;
 };

@@ -47,6 +47,11 @@ bool parseFreeMode(const char* text, FreeMode* out) noexcept;
 
 using FreeCallback = void (*)(void* arg, std::uintptr_t start, std::size_t length);
 
+// The PCI address of CUDA device `ordinal` as the driver writes it (cuDeviceGetPCIBusId,
+// "dddd:bb:dd.f"), NUL-terminated into buf. False without a driver, for an ordinal it does not have,
+// or when it cannot say; buf is then untouched. Loads the driver on first use, like classify().
+bool cudaDevicePciBusId(int ordinal, char* buf, std::size_t len) noexcept;
+
 // Counters (monotonic), for tests, benchmarks and the user.
 struct Stats {
   std::uint64_t lookups = 0;          // classify() calls that reached the CUDA path (hits + queries)

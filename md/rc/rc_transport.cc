@@ -10,6 +10,7 @@
 
 #include "md/md.h"
 #include "md/rc/rc_iface.h"
+#include "md/ucs_topology.h"
 
 namespace gmd::md::rc {
 namespace {
@@ -49,7 +50,7 @@ ucs_status_t queryDevices(uct_md_h uct_md, ucx::TlDeviceResource** devices_p,
     }
     std::snprintf(res[n].name, sizeof(res[n].name), "%s:%u", md->name().c_str(), p);
     res[n].type = UCT_DEVICE_TYPE_NET;
-    res[n].sys_device = UCS_SYS_DEVICE_ID_UNKNOWN;
+    res[n].sys_device = sysDevices().verbsDevice(ibv_get_device_name(md->context()->device));
     ++n;
   }
   if (n == 0) {
