@@ -53,6 +53,26 @@ ucs_config_field_t kIfaceConfigTable[] = {
      offsetof(IfaceConfig, latency), UCS_CONFIG_TYPE_TIME},
     {"OVERHEAD", "75ns", "Per-operation software overhead reported to UCX.",
      offsetof(IfaceConfig, overhead), UCS_CONFIG_TYPE_TIME},
+    {"RX_QUEUE_LEN", "1024",
+     "Receive buffers posted to the iface's shared receive queue (capped by the device). All\n"
+     "endpoints of all peers draw on it; FC_WND_SIZE keeps one sender from taking it all.",
+     offsetof(IfaceConfig, rx_queue_len), UCS_CONFIG_TYPE_UINT},
+    {"SEG_SIZE", "8k",
+     "Bytes of one receive buffer: the largest active message (am_bcopy, am_zcopy header and\n"
+     "payload) any peer may send to this iface. Both sides must use the same value.",
+     offsetof(IfaceConfig, seg_size), UCS_CONFIG_TYPE_MEMUNITS},
+    {"FC_WND_SIZE", "256",
+     "Active messages an endpoint may have sent before the receiver grants more credits\n"
+     "(it grants at half the window). 0 < FC_WND_SIZE <= 32768.",
+     offsetof(IfaceConfig, fc_wnd_size), UCS_CONFIG_TYPE_UINT},
+    {"TX_BOUNCE", "256",
+     "Registered send buffers of SEG_SIZE per iface, for am_bcopy, am_zcopy headers and\n"
+     "am_short messages too long to go inline.",
+     offsetof(IfaceConfig, tx_bounce), UCS_CONFIG_TYPE_UINT},
+    {"TX_MAX_INLINE", "128",
+     "Bytes of an am_short (8-byte header included) copied into the work request itself\n"
+     "(capped by the device; 0: never inline).",
+     offsetof(IfaceConfig, tx_max_inline), UCS_CONFIG_TYPE_UINT},
     {nullptr},
 };
 
@@ -181,6 +201,14 @@ ucs_status_t deriveLimits(const IfaceConfig& config, const ibv_device_attr& dev,
     ucs_error("gmd_rc %s: %s", dev_name, error.c_str());
     return st;
   }
+  if (config.rx_queue_len < 2 || config.tx_bounce == 0 || config.fc_wnd_size == 0 ||
+      config.fc_wnd_size > kMaxFcWindow || config.seg_size < kMinSegSize ||
+      config.seg_size > kMaxSegSize) {
+    ucs_error("gmd_rc %s: UCX_GMD_RC_RX_QUEUE_LEN must be at least 2, _TX_BOUNCE positive, "
+              "_FC_WND_SIZE within 1..%u and _SEG_SIZE within %zu..%zu",
+              dev_name, kMaxFcWindow, kMinSegSize, kMaxSegSize);
+    return UCS_ERR_INVALID_PARAM;
+  }
   Limits l;
   QpSettings& s = l.qp;
   s.tx_queue_len =
@@ -203,6 +231,15 @@ ucs_status_t deriveLimits(const IfaceConfig& config, const ibv_device_attr& dev,
     l.max_read = config.max_read;  // validated: at most max_msg
   }
   l.cq_len = std::min<unsigned>(config.tx_cq_len, static_cast<unsigned>(std::max(dev.max_cqe, 1)));
+  l.rx_queue_len =
+      std::min<unsigned>(config.rx_queue_len, static_cast<unsigned>(std::max(dev.max_srq_wr, 2)));
+  l.seg_size = std::min<std::size_t>(config.seg_size, static_cast<std::size_t>(l.max_msg));
+  l.fc_wnd = config.fc_wnd_size;
+  l.tx_bounce = config.tx_bounce;
+  l.tx_max_inline = config.tx_max_inline;
+  // Every work request slot of an endpoint is released only by a completion at or after it:
+  // signal at least every quarter of the send queue (and at most every 64).
+  l.signal_interval = std::clamp(s.tx_queue_len / 4, 1u, 64u);
   *limits = l;
   return UCS_OK;
 }

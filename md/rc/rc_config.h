@@ -31,12 +31,22 @@ struct IfaceConfig {
   double connect_timeout;     // CONNECT_TIMEOUT, seconds
   double latency;             // LATENCY reported to UCX, seconds
   double overhead;            // OVERHEAD reported to UCX, seconds
+  unsigned rx_queue_len;      // RX_QUEUE_LEN: receive buffers posted to the shared receive queue
+  std::size_t seg_size;       // SEG_SIZE: bytes of one receive buffer (largest active message)
+  unsigned fc_wnd_size;       // FC_WND_SIZE: active messages an endpoint may send unacknowledged
+  unsigned tx_bounce;         // TX_BOUNCE: registered send buffers per iface (am_short/bcopy/zcopy)
+  unsigned tx_max_inline;     // TX_MAX_INLINE: bytes sent inline (capped by the device)
 };
 extern ucs_config_field_t kIfaceConfigTable[];
 inline constexpr const char* kIfaceConfigPrefix = "GMD_RC_";
 
 // Upper bound of SGEs per work request (stack arrays of the endpoint operations).
 inline constexpr unsigned kMaxSge = 32;
+// Credits travel in 16 bits of a grant (md/rc/rc_wire.h); the window is at most half of that range.
+inline constexpr unsigned kMaxFcWindow = 32768;
+// SEG_SIZE bounds: UCP needs am.max_bcopy >= 64; a receive buffer's length is 32 bits in verbs.
+inline constexpr std::size_t kMinSegSize = 256;
+inline constexpr std::size_t kMaxSegSize = std::size_t{1} << 30;
 
 // The QP settings both sides of a connection use (from the config and the device limits).
 struct QpSettings {
@@ -55,6 +65,12 @@ struct Limits {
   std::size_t max_read = 0;      // bytes of one RDMA READ work request
   std::uint64_t max_msg = 0;     // the port's maximal message size
   unsigned cq_len = 0;           // send completion queue entries (= the iface's send credits)
+  unsigned rx_queue_len = 0;     // shared receive queue depth
+  std::size_t seg_size = 0;      // receive buffer bytes (after the rx headroom)
+  unsigned fc_wnd = 0;           // per-endpoint active-message credits
+  unsigned tx_bounce = 0;        // send bounce buffers
+  unsigned tx_max_inline = 0;    // inline bytes asked of the device
+  unsigned signal_interval = 1;  // at most this many work requests in a row go unsignaled
 };
 
 // Checks every UCX_GMD_RC_* value that the parser accepted but that makes no sense or exceeds what

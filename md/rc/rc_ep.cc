@@ -12,13 +12,35 @@ namespace gmd::md::rc {
 namespace {
 
 // Records `status` in `comp` and calls it when its count reaches zero.
-void complete(uct_completion_t* comp, ucs_status_t status) {
+void complete(uct_completion_t* comp, ucs_status_t status) noexcept {
   if (comp == nullptr) return;
   if (status != UCS_OK) comp->status = status;
   if (--comp->count == 0) comp->func(comp);
 }
 
 }  // namespace
+
+ucs_status_t iovToSge(const uct_iov_t* iov, std::size_t iovcnt, ibv_sge* sge, int* nsge,
+                      std::uint64_t* total) noexcept {
+  for (std::size_t i = 0; i < iovcnt; ++i) {
+    const std::size_t len = iov[i].length * iov[i].count;
+    if (len == 0) continue;
+    if (iov[i].memh == UCT_MEM_HANDLE_NULL) {
+      ucs_debug("gmd_rc: zero-copy buffer %p without a memory handle", iov[i].buffer);
+      return UCS_ERR_INVALID_PARAM;
+    }
+    if (iov[i].count > 1 && iov[i].stride != iov[i].length && iov[i].stride != 0) {
+      ucs_debug("gmd_rc: strided iov entries are not supported");
+      return UCS_ERR_UNSUPPORTED;
+    }
+    sge[*nsge].addr = reinterpret_cast<std::uintptr_t>(iov[i].buffer);
+    sge[*nsge].length = static_cast<std::uint32_t>(len);
+    sge[*nsge].lkey = static_cast<const rcache::Region*>(iov[i].memh)->registration().lkey;
+    ++*nsge;
+    *total += len;
+  }
+  return UCS_OK;
+}
 
 Ep::Ep(Iface* iface) : iface_(iface) {
   handle_.super.iface = iface->handle();
@@ -29,7 +51,21 @@ Ep::~Ep() = default;
 
 bool Ep::canPost() const noexcept {
   return state_ == State::kReady && ring_.size() - inflight_ >= need_slots_ &&
-         iface_->tx_free_ >= need_slots_;
+         iface_->tx_free_ >= static_cast<long>(need_slots_) && (!need_credit_ || fc_credits_ > 0) &&
+         (!need_bounce_ || iface_->bounce_.available() > 0);
+}
+
+ucs_status_t Ep::reserve(bool credit, bool bounce) noexcept {
+  if (error_ != UCS_OK) return error_;
+  need_slots_ = 1;
+  need_credit_ = credit;
+  need_bounce_ = bounce;
+  if (!canPost()) {
+    if (state_ == State::kReady) iface_->starved(need_bounce_ && iface_->bounce_.available() == 0);
+    return UCS_ERR_NO_RESOURCE;
+  }
+  need_credit_ = need_bounce_ = false;
+  return UCS_OK;
 }
 
 ucs_status_t Ep::rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t iovcnt,
@@ -43,23 +79,7 @@ ucs_status_t Ep::rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t io
   ibv_sge sge[kMaxSge];
   int nsge = 0;
   std::uint64_t total = 0;
-  for (std::size_t i = 0; i < iovcnt; ++i) {
-    const std::size_t len = iov[i].length * iov[i].count;
-    if (len == 0) continue;
-    if (iov[i].memh == UCT_MEM_HANDLE_NULL) {
-      ucs_error("gmd_rc: zero-copy buffer %p without a memory handle", iov[i].buffer);
-      return UCS_ERR_INVALID_PARAM;
-    }
-    if (iov[i].count > 1 && iov[i].stride != iov[i].length && iov[i].stride != 0) {
-      ucs_error("gmd_rc: strided iov entries are not supported");
-      return UCS_ERR_UNSUPPORTED;
-    }
-    sge[nsge].addr = reinterpret_cast<std::uintptr_t>(iov[i].buffer);
-    sge[nsge].length = static_cast<std::uint32_t>(len);
-    sge[nsge].lkey = static_cast<const rcache::Region*>(iov[i].memh)->registration().lkey;
-    ++nsge;
-    total += len;
-  }
+  if (ucs_status_t st = iovToSge(iov, iovcnt, sge, &nsge, &total); st != UCS_OK) return st;
   if (nsge == 0) return UCS_OK;
   if (total > iface_->limits_.max_msg) {
     ucs_error("gmd_rc: %llu bytes exceed the port's maximal message size %llu",
@@ -83,10 +103,14 @@ ucs_status_t Ep::rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t io
     }
   }
   need_slots_ = nwr;  // what pendingAdd/dispatch wait for when refused now
-  if (!canPost()) return UCS_ERR_NO_RESOURCE;
+  need_credit_ = need_bounce_ = false;
+  if (!canPost()) {
+    if (state_ == State::kReady) iface_->starved(false);
+    return UCS_ERR_NO_RESOURCE;
+  }
   need_slots_ = 1;
   const auto rkey32 = static_cast<std::uint32_t>(rkey);
-  if (nwr == 1) return postOne(opcode, sge, nsge, remote_addr, rkey32, comp);
+  if (nwr == 1) return postRdma(opcode, sge, nsge, remote_addr, rkey32, comp);
 
   ibv_sge piece[kMaxSge];
   int cur = 0;             // sge[cur] is being split
@@ -110,8 +134,8 @@ ucs_status_t Ep::rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t io
         used = 0;
       }
     }
-    const ucs_status_t st = postOne(opcode, piece, n, remote_addr + done, rkey32,
-                                    w + 1 == nwr ? comp : nullptr);
+    const ucs_status_t st = postRdma(opcode, piece, n, remote_addr + done, rkey32,
+                                     w + 1 == nwr ? comp : nullptr);
     if (st != UCS_INPROGRESS) {
       // The READs already posted complete without a callback; the operation as a whole failed.
       return w == 0 ? st : UCS_ERR_IO_ERROR;
@@ -121,31 +145,50 @@ ucs_status_t Ep::rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t io
   return UCS_INPROGRESS;
 }
 
-ucs_status_t Ep::postOne(ibv_wr_opcode opcode, ibv_sge* sge, int nsge, std::uint64_t remote_addr,
-                         std::uint32_t rkey, uct_completion_t* comp) noexcept {
+ucs_status_t Ep::postRdma(ibv_wr_opcode opcode, ibv_sge* sge, int nsge,
+                          std::uint64_t remote_addr, std::uint32_t rkey,
+                          uct_completion_t* comp) noexcept {
   ibv_send_wr wr{};
-  ibv_send_wr* bad = nullptr;
-  wr.wr_id = reinterpret_cast<std::uintptr_t>(this);
   wr.sg_list = sge;
   wr.num_sge = nsge;
   wr.opcode = opcode;
-  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = remote_addr;
+  wr.wr.rdma.rkey = rkey;
+  return post(wr, comp, -1);
+}
+
+ucs_status_t Ep::post(ibv_send_wr& wr, uct_completion_t* comp, std::int32_t bounce) noexcept {
+  const std::uint64_t sn = posted_ + 1;
+  const bool signaled = comp != nullptr || sn - last_signaled_ >= iface_->limits_.signal_interval ||
+                        inflight_ + 1 == ring_.size() ||
+                        (bounce >= 0 && iface_->bounce_.available() < iface_->bounce_.count() / 4);
+  wr.wr_id = sn;
+  wr.next = nullptr;
+  if (signaled) wr.send_flags |= IBV_SEND_SIGNALED;
   if (fence_ || fence_epoch_ != iface_->fenceEpoch()) {
     wr.send_flags |= IBV_SEND_FENCE;
     fence_ = false;
     fence_epoch_ = iface_->fenceEpoch();
   }
-  wr.wr.rdma.remote_addr = remote_addr;
-  wr.wr.rdma.rkey = rkey;
+  ibv_send_wr* bad = nullptr;
   if (const int rc = ibv_post_send(qp_, &wr, &bad); rc != 0) {
     ucs_error("gmd_rc: ibv_post_send: %s", std::strerror(rc));
     return rc == ENOMEM ? UCS_ERR_NO_RESOURCE : UCS_ERR_IO_ERROR;
   }
-  ring_[(ring_head_ + inflight_) % ring_.size()] = comp;
+  ring_[(ring_head_ + inflight_) % ring_.size()] = {comp, bounce};
   ++inflight_;
-  ++posted_;
+  posted_ = sn;
+  if (signaled) last_signaled_ = sn;
   --iface_->tx_free_;
   return UCS_INPROGRESS;
+}
+
+ucs_status_t Ep::postNop(bool force) noexcept {
+  if (inflight_ == ring_.size() || (!force && iface_->tx_free_ <= 0)) return UCS_ERR_NO_RESOURCE;
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  return post(wr, nullptr, -1);
 }
 
 ucs_status_t Ep::pendingAdd(uct_pending_req_t* req, unsigned) noexcept {
@@ -171,6 +214,7 @@ ucs_status_t Ep::flush(unsigned flags, uct_completion_t* comp) noexcept {
   if (flags & UCT_FLUSH_FLAG_CANCEL) {
     pending_.clear();
     if (inflight_ > 0 && qp_ != nullptr) {
+      if (state_ == State::kReady && unsignaledTail()) postNop(true);
       ibv_qp_attr a{};
       a.qp_state = IBV_QPS_ERR;
       ibv_modify_qp(qp_, &a, IBV_QP_STATE);
@@ -180,6 +224,9 @@ ucs_status_t Ep::flush(unsigned flags, uct_completion_t* comp) noexcept {
     return UCS_ERR_NO_RESOURCE;
   }
   if (inflight_ == 0) return UCS_OK;
+  if (state_ == State::kReady && unsignaledTail() && postNop(false) != UCS_INPROGRESS) {
+    return UCS_ERR_NO_RESOURCE;
+  }
   if (comp != nullptr) {
     try {
       flushes_.push_back({posted_, comp});
@@ -196,19 +243,23 @@ ucs_status_t Ep::fence() noexcept {
 }
 
 
-void Ep::completeOne(ucs_status_t status) noexcept {
-  uct_completion_t* comp = ring_[ring_head_];
-  ring_head_ = (ring_head_ + 1) % ring_.size();
-  --inflight_;
-  ++completed_;
-  if (destroyed_) return;
-  // Flush waiters covered by this completion, then the operation's own completion. Callbacks may
-  // post, flush or destroy this endpoint; the iface defers destruction to the end of progress.
-  complete(comp, status);
-  while (!flushes_.empty() && flushes_.front().sn <= completed_) {
-    uct_completion_t* f = flushes_.front().comp;
-    flushes_.pop_front();
-    complete(f, error_);
+void Ep::retire(std::uint64_t sn, ucs_status_t status) noexcept {
+  while (inflight_ > 0 && completed_ < sn) {
+    const Slot slot = ring_[ring_head_];
+    ring_head_ = (ring_head_ + 1) % ring_.size();
+    --inflight_;
+    ++completed_;
+    ++iface_->tx_free_;
+    if (slot.bounce >= 0) iface_->releaseBounce(static_cast<std::uint32_t>(slot.bounce));
+    if (destroyed_) continue;
+    // Work requests before `sn` completed successfully (in order). Callbacks may post, flush or
+    // destroy this endpoint; the iface defers destruction to the end of progress.
+    complete(slot.comp, completed_ == sn ? status : UCS_OK);
+    while (!flushes_.empty() && flushes_.front().sn <= completed_) {
+      uct_completion_t* f = flushes_.front().comp;
+      flushes_.pop_front();
+      complete(f, error_);
+    }
   }
 }
 

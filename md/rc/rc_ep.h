@@ -1,5 +1,18 @@
 // A gmd_rc endpoint: one active RC QP towards a peer iface, the operations UCT posts on it, its
-// completion ring, flush waiters and pending queue.
+// ring of posted work requests, flush waiters, pending queue and active-message credits.
+// RMA, flush and the pending queue are in rc_ep.cc; active messages in rc_am.cc.
+//
+// Work requests: each gets a sequence number (its wr_id) and a ring slot holding its completion and
+// bounce buffer. Only some are signaled: those with a completion, every signal_interval-th, the one
+// that fills the ring, and those using a bounce buffer while the pool runs low. A completion retires
+// every slot up to its sequence number (RC completes in order; an error completes every later work
+// request with a flush error). flush() and destruction post a signaled zero-length RDMA WRITE when
+// the newest work request is unsignaled, so that the ring always empties.
+//
+// Credits (sender side): FC_WND_SIZE active messages may be unacknowledged. Once half are used the
+// next message asks for a grant (a bit in its immediate data, md/rc/rc_wire.h); the peer's receive
+// path answers with one grant for everything it consumed. Without credits an AM returns
+// UCS_ERR_NO_RESOURCE and the pending queue waits for the grant.
 //
 // Lifecycle: created connecting by Iface::createEp (its Connector runs the handshake, see
 // md/rc/rc_connect.h), ready once the QP reached RTS, failed after a failed work request or
@@ -11,6 +24,7 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <sys/types.h>
 #include <uct/api/uct.h>
 
 #include <cstddef>
@@ -25,6 +39,11 @@ namespace gmd::md::rc {
 class Iface;
 class Ep;
 
+// UCT iov entries of gmd memory handles → SGEs appended at sge[*nsge], bytes added to *total.
+// UCS_ERR_INVALID_PARAM for an entry without a memory handle, UCS_ERR_UNSUPPORTED for strides.
+ucs_status_t iovToSge(const uct_iov_t* iov, std::size_t iovcnt, ibv_sge* sge, int* nsge,
+                      std::uint64_t* total) noexcept;
+
 struct EpHandle {
   uct_ep_t super;  // first: libuct reads it
   Ep* self;
@@ -37,6 +56,13 @@ class Ep {
 
   ucs_status_t rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t iovcnt,
                     std::uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t* comp) noexcept;
+  ucs_status_t amShort(std::uint8_t id, std::uint64_t header, const void* payload,
+                       unsigned length) noexcept;
+  ucs_status_t amShortIov(std::uint8_t id, const uct_iov_t* iov, std::size_t iovcnt) noexcept;
+  ssize_t amBcopy(std::uint8_t id, uct_pack_callback_t pack, void* arg, unsigned flags) noexcept;
+  ucs_status_t amZcopy(std::uint8_t id, const void* header, unsigned header_length,
+                       const uct_iov_t* iov, std::size_t iovcnt, unsigned flags,
+                       uct_completion_t* comp) noexcept;
   ucs_status_t pendingAdd(uct_pending_req_t* req, unsigned flags) noexcept;
   void pendingPurge(uct_pending_purge_callback_t cb, void* arg) noexcept;
   ucs_status_t flush(unsigned flags, uct_completion_t* comp) noexcept;
@@ -49,16 +75,38 @@ class Ep {
     std::uint64_t sn;
     uct_completion_t* comp;
   };
+  struct Slot {
+    uct_completion_t* comp;
+    std::int32_t bounce;  // send bounce buffer to release, or -1
+  };
+  struct Piece {  // a source of an am_short
+    const void* data;
+    std::size_t length;
+  };
 
   explicit Ep(Iface* iface);
   ~Ep();
   // Room for the next operation: need_slots_ work requests (more than one for a get split into
-  // several READs, see Iface::readSize).
+  // several READs, see Iface::readSize), and a credit / a bounce buffer when the last refused
+  // operation needed one.
   bool canPost() const noexcept;
-  ucs_status_t postOne(ibv_wr_opcode opcode, ibv_sge* sge, int nsge, std::uint64_t remote_addr,
-                       std::uint32_t rkey, uct_completion_t* comp) noexcept;
-  // One send completion of this endpoint (the oldest outstanding work request), with its status.
-  void completeOne(ucs_status_t status) noexcept;
+  // The resources of one work request (need_* say which); UCS_ERR_NO_RESOURCE when short of them.
+  ucs_status_t reserve(bool credit, bool bounce) noexcept;
+  ucs_status_t postRdma(ibv_wr_opcode opcode, ibv_sge* sge, int nsge, std::uint64_t remote_addr,
+                        std::uint32_t rkey, uct_completion_t* comp) noexcept;
+  // Posts `wr` (its wr_id, signaling and fence are set here) and fills its ring slot.
+  ucs_status_t post(ibv_send_wr& wr, uct_completion_t* comp, std::int32_t bounce) noexcept;
+  // A signaled zero-length RDMA WRITE (see above); `force` may use the CQ's reserve.
+  ucs_status_t postNop(bool force) noexcept;
+  bool unsignaledTail() const noexcept { return inflight_ > 0 && last_signaled_ != posted_; }
+  // A completion of work request `sn` with `status`: retires it and everything before it.
+  void retire(std::uint64_t sn, ucs_status_t status) noexcept;
+  // A SEND_WITH_IMM carrying active message `id` (consumes a credit; asks for more at half).
+  ucs_status_t sendAm(std::uint8_t id, ibv_sge* sge, int nsge, unsigned send_flags,
+                      uct_completion_t* comp, std::int32_t bounce) noexcept;
+  ucs_status_t amShortPieces(std::uint8_t id, const Piece* pieces, std::size_t n,
+                             std::size_t total) noexcept;
+  void creditsGranted(unsigned credits) noexcept;
   // Enters the failed state with `status` (first failure wins); true when this call failed it.
   bool fail(ucs_status_t status) noexcept;
 
@@ -70,13 +118,18 @@ class Ep {
   State state_ = State::kConnecting;
   ucs_status_t error_ = UCS_OK;
   bool error_reported_ = false;
-  // Completions of posted work requests, oldest first (RC completes in order).
-  std::vector<uct_completion_t*> ring_;
+  // Posted work requests, oldest first (RC completes in order).
+  std::vector<Slot> ring_;
   std::size_t ring_head_ = 0;
   std::size_t inflight_ = 0;
-  std::uint64_t posted_ = 0;
-  std::uint64_t completed_ = 0;
+  std::uint64_t posted_ = 0;         // sequence number of the newest work request
+  std::uint64_t completed_ = 0;      // ... of the newest retired one
+  std::uint64_t last_signaled_ = 0;  // ... of the newest signaled one
   std::size_t need_slots_ = 1;  // work requests the last refused operation needs
+  bool need_credit_ = false;    // ... whether it was an active message
+  bool need_bounce_ = false;    // ... whether it needed a bounce buffer
+  unsigned fc_credits_ = 0;     // active messages we may send
+  bool fc_requested_ = false;   // a grant was asked for and has not come
   std::deque<FlushWaiter> flushes_;
   std::deque<uct_pending_req_t*> pending_;
   bool in_pending_list_ = false;

@@ -9,10 +9,20 @@
 // callers use the pending queue. The TCP connection stays open for the endpoint's lifetime: when the
 // peer's endpoint goes away (or its process dies) the passive QP is destroyed.
 //
+// Active messages travel as SEND_WITH_IMM from an endpoint's QP to the peer's passive QP, into the
+// peer iface's shared receive queue (md/rc/rc_recv.h); credits come back the other way.
+//
+// Events: both CQs report to one completion channel, whose fd is the iface's event fd.
+// uct_iface_event_arm drains the channel, returns UCS_ERR_BUSY when work is waiting (completions
+// not yet handled, endpoints connecting, pending requests that can go, hand-offs, grants), else
+// arms the requested CQs and polls them once more: a completion that slipped in before the arm is
+// kept for the next progress and answered with UCS_ERR_BUSY, so no wake-up is lost.
+//
 // Files: rc_config.* (UCX_GMD_RC_* and derived limits), rc_iface.* (this: the iface, its send CQ,
-// progress, UCX-facing attributes), rc_ep.* (endpoint operations), rc_connect.* and rc_listener.*
-// (connection set-up, both sides), rc_recv.* (receive path), rc_qp.* / rc_gid.h (verbs plumbing),
-// rc_wire.* (formats), rc_transport.cc (the UCX ops tables).
+// progress, events, UCX-facing attributes), rc_ep.* (endpoint operations; rc_am.cc its active
+// messages), rc_connect.* and rc_listener.* (connection set-up, both sides), rc_recv.* (receive
+// path), rc_pool.* (registered buffers), rc_qp.* / rc_gid.h (verbs plumbing), rc_wire.* (formats),
+// rc_transport.cc (the UCX ops tables).
 //
 // Thread safety: an iface and its endpoints are used by one thread at a time (UCT's contract); the
 // listener thread touches only the passive QPs and its sockets.
@@ -25,10 +35,12 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "md/rc/rc_config.h"
 #include "md/rc/rc_ep.h"
+#include "md/rc/rc_pool.h"
 #include "md/rc/rc_qp.h"
 #include "md/rc/rc_recv.h"
 #include "md/ucx_abi.h"
@@ -65,6 +77,11 @@ class Iface {
   unsigned progress() noexcept;
   ucs_status_t flush(unsigned flags, uct_completion_t* comp) noexcept;
   ucs_status_t fence() noexcept;
+  ucs_status_t eventFd(int* fd) noexcept;
+  ucs_status_t eventArm(unsigned events) noexcept;
+
+  // For the receive path: `credits` granted to the endpoint whose QP is `qpn`.
+  void creditsGranted(std::uint32_t qpn, unsigned credits) noexcept;
 
   const char* name() const noexcept;
   unsigned fenceEpoch() const noexcept { return fence_epoch_; }
@@ -76,6 +93,11 @@ class Iface {
   // completed together (UCX_GMD_RC_MAX_READ; defaultReadSize in md/rc/rc_config.cc explains the
   // soft-RoCE default).
   std::size_t readSize() const noexcept { return limits_.max_read; }
+  // Active-message limits (also what query() reports).
+  std::size_t amMaxShort() const noexcept;
+  std::size_t amMaxIov() const noexcept { return limits_.qp.max_send_sge - 1; }
+  std::size_t amMaxHdr() const noexcept;
+  std::size_t txInline() const noexcept { return tx_inline_; }
 
  private:
   friend class Ep;
@@ -86,6 +108,13 @@ class Iface {
   void connectionReady(Ep* ep, const Handshake& reply) noexcept;
   void connectionFailed(Ep* ep, ucs_status_t status, const char* why) noexcept;
   void failed(Ep* ep) noexcept;  // queue the error handler call for a just-failed endpoint
+  // An endpoint was refused for lack of iface resources (CQ credits, bounce buffers when
+  // `bounce`): remember to wake the pending queues when they come back.
+  void starved(bool bounce) noexcept;
+  void releaseBounce(std::uint32_t b) noexcept;
+  void wakePending() noexcept;
+  void handleSendCompletion(const ibv_wc& wc) noexcept;
+  bool hasWork() const noexcept;
   void schedulePending(Ep* ep) noexcept;
   unsigned dispatchPending() noexcept;
   void reportFailures() noexcept;
@@ -96,8 +125,15 @@ class Iface {
   Md* md_ = nullptr;
   PortInfo port_{};
   Limits limits_{};
+  ibv_comp_channel* channel_ = nullptr;  // both CQs: the event fd
   ibv_cq* cq_ = nullptr;  // send completions of every endpoint
-  unsigned tx_free_ = 0;  // send CQ credits
+  long tx_free_ = 0;      // send CQ credits (below zero by at most kCqReserve: see postNop)
+  bool starved_ = false;
+  bool bounce_starved_ = false;
+  std::vector<ibv_wc> send_backlog_;  // completions eventArm polled
+  BufferPool bounce_;  // send bounce buffers
+  std::size_t tx_inline_ = 0;
+  std::size_t rx_headroom_ = 0;
   RecvPath recv_;
   double connect_timeout_ = 0;
   double latency_ = 0;
@@ -106,6 +142,7 @@ class Iface {
   unsigned fence_epoch_ = 0;
   bool in_progress_ = false;
   std::vector<Ep*> eps_;         // live endpoints
+  std::unordered_map<std::uint32_t, Ep*> by_qpn_;  // live and destroyed ones, by QP number
   std::vector<Ep*> connecting_;  // subset still connecting
   std::deque<Ep*> pending_eps_;  // endpoints with pending requests
   std::vector<Ep*> failed_;      // endpoints whose failure the error handler has not seen

@@ -14,6 +14,7 @@
 
 #include "md/rc/rc_connect.h"
 #include "md/rc/rc_qp.h"
+#include "md/rc/rc_recv.h"
 
 namespace gmd::md::rc {
 namespace {
@@ -23,9 +24,10 @@ constexpr int kHandshakeTimeoutSec = 10;
 
 }  // namespace
 
-Listener::Listener(std::string name, ibv_pd* pd, ibv_cq* cq, const PortInfo& port,
-                   const QpSettings& s)
-    : name_(std::move(name)), pd_(pd), cq_(cq), port_(port), settings_(s) {}
+Listener::Listener(std::string name, ibv_pd* pd, const QpQueues& queues, Handoff* handoff,
+                   const PortInfo& port, const QpSettings& s)
+    : name_(std::move(name)), pd_(pd), queues_(queues), handoff_(handoff), port_(port),
+      settings_(s) {}
 
 Listener::~Listener() {
   if (thread_.joinable()) {
@@ -126,29 +128,35 @@ void Listener::accept() noexcept {
     why = "malformed handshake";
   } else if (request.ethernet != port_.ethernet) {
     why = "link layers differ (RoCE vs InfiniBand)";
-  } else if ((qp = createQp(pd_, cq_, settings_, 1)) == nullptr) {
+  } else if ((qp = createQp(pd_, queues_, settings_, RecvPath::kPeerSendQueue, 0)) == nullptr) {
     why = std::string("ibv_create_qp: ") + std::strerror(errno);
   } else {
     const std::uint32_t psn = randomPsn();
-    if (connectQp(qp, port_, settings_, true, request, psn, &why) == UCS_OK) {
+    if (connectQp(qp, port_, settings_, true, request, psn, &why) != UCS_OK) {
+      // why says it
+    } else if (!handoff_->accepted(qp)) {  // before the reply: no message can precede it
+      why = "out of memory";
+    } else {
       reply = localHandshake(port_, qp, psn);
     }
   }
   if (reply.status != 0) {
     ucs_error("gmd_rc %s: refusing a connection: %s", name_.c_str(), why.c_str());
+    if (qp != nullptr) ibv_destroy_qp(qp);
+    qp = nullptr;
   }
   packHandshake(reply, buf);
   std::size_t sent = 0;
   if (socketIo(fd, IoDirection::kSend, buf, sizeof(buf), &sent) != IoResult::kDone ||
       reply.status != 0) {
-    if (qp != nullptr) ibv_destroy_qp(qp);
+    if (qp != nullptr) handoff_->closed(qp);
     close(fd);
     return;
   }
   try {
     conns_.push_back({fd, qp});
   } catch (...) {
-    ibv_destroy_qp(qp);
+    handoff_->closed(qp);
     close(fd);
   }
 }
@@ -156,9 +164,7 @@ void Listener::accept() noexcept {
 void Listener::closeConn(std::size_t i) noexcept {
   Conn c = conns_[i];
   conns_.erase(conns_.begin() + static_cast<std::ptrdiff_t>(i));
-  if (c.qp != nullptr && ibv_destroy_qp(c.qp) != 0) {
-    ucs_warn("gmd_rc %s: ibv_destroy_qp: %s", name_.c_str(), std::strerror(errno));
-  }
+  handoff_->closed(c.qp);  // the iface drains and destroys it
   close(c.fd);
 }
 

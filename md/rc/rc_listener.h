@@ -1,12 +1,13 @@
 // The accepting side of gmd_rc connections: one TCP listener and one thread per iface.
 //
-// For each incoming handshake the thread creates a passive RC QP on the iface's protection domain,
-// connects it to the requester's QP (RTR, RTS) and answers with its own QP number. It keeps the TCP
-// connection and destroys the QP when the peer closes it (endpoint destroyed, process gone). Passive
-// QPs are only targets of RDMA WRITE/READ: nothing is ever posted on them.
+// For each incoming handshake the thread creates a passive RC QP on the iface's protection domain
+// (receiving into the iface's shared receive queue), connects it to the requester's QP (RTR, RTS),
+// hands it to the iface (md/rc/rc_recv.h, Handoff) and answers with its QP number. It keeps the TCP
+// connection and tells the iface when the peer closes it (endpoint destroyed, process gone); the
+// iface owns and destroys the QP.
 //
 // Thread safety: start() and the destructor from the iface's thread; everything else runs on the
-// listener thread. Verbs calls are thread-safe.
+// listener thread. Verbs calls are thread-safe; Handoff is the only state shared with the iface.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -18,13 +19,15 @@
 #include <vector>
 
 #include "md/rc/rc_qp.h"
+#include "md/rc/rc_recv.h"
 
 namespace gmd::md::rc {
 
 class Listener {
  public:
-  // `pd` and `cq` are the iface's; `cq` receives no completions (nothing is posted on passive QPs).
-  Listener(std::string name, ibv_pd* pd, ibv_cq* cq, const PortInfo& port, const QpSettings& s);
+  // `pd`, `queues` and `handoff` are the iface's (its receive path's).
+  Listener(std::string name, ibv_pd* pd, const QpQueues& queues, Handoff* handoff,
+           const PortInfo& port, const QpSettings& s);
   ~Listener();
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
@@ -43,7 +46,8 @@ class Listener {
 
   std::string name_;
   ibv_pd* pd_;
-  ibv_cq* cq_;
+  QpQueues queues_;
+  Handoff* handoff_;
   PortInfo port_;
   QpSettings settings_;
   int listen_fd_ = -1;

@@ -88,18 +88,22 @@ Handshake localHandshake(const PortInfo& port, const ibv_qp* qp, std::uint32_t p
   return h;
 }
 
-ibv_qp* createQp(ibv_pd* pd, ibv_cq* cq, const QpSettings& s, unsigned max_send_wr) noexcept {
+ibv_qp* createQp(ibv_pd* pd, const QpQueues& q, const QpSettings& s, unsigned max_send_wr,
+                 unsigned max_inline, unsigned* inline_out) noexcept {
   ibv_qp_init_attr init{};
-  init.send_cq = cq;
-  init.recv_cq = cq;
+  init.send_cq = q.send_cq;
+  init.recv_cq = q.recv_cq;
+  init.srq = q.srq;
   init.qp_type = IBV_QPT_RC;
   init.sq_sig_all = 0;
   init.cap.max_send_wr = max_send_wr;
-  init.cap.max_recv_wr = 1;
+  init.cap.max_recv_wr = q.srq != nullptr ? 0 : 1;
   init.cap.max_send_sge = s.max_send_sge;
   init.cap.max_recv_sge = 1;
-  init.cap.max_inline_data = 0;
-  return ibv_create_qp(pd, &init);
+  init.cap.max_inline_data = max_inline;
+  ibv_qp* qp = ibv_create_qp(pd, &init);
+  if (qp != nullptr && inline_out != nullptr) *inline_out = init.cap.max_inline_data;
+  return qp;
 }
 
 ucs_status_t connectQp(ibv_qp* qp, const PortInfo& port, const QpSettings& s, bool responder,

@@ -36,8 +36,17 @@ ucs_status_t queryPort(ibv_context* ctx, const std::string& dev, std::uint8_t po
 // The handshake describing our side of `qp`.
 Handshake localHandshake(const PortInfo& port, const ibv_qp* qp, std::uint32_t psn) noexcept;
 
-// A RC QP on `pd` whose send and receive completions go to `cq`; nullptr (errno set) on failure.
-ibv_qp* createQp(ibv_pd* pd, ibv_cq* cq, const QpSettings& s, unsigned max_send_wr) noexcept;
+// Where a QP's completions go and what it receives into.
+struct QpQueues {
+  ibv_cq* send_cq = nullptr;
+  ibv_cq* recv_cq = nullptr;
+  ibv_srq* srq = nullptr;  // every gmd_rc QP receives into its iface's shared receive queue
+};
+
+// A RC QP on `pd`; nullptr (errno set) on failure. `max_inline` bytes may be sent inline; the device
+// may grant more, which *inline_out (when given) receives.
+ibv_qp* createQp(ibv_pd* pd, const QpQueues& q, const QpSettings& s, unsigned max_send_wr,
+                 unsigned max_inline, unsigned* inline_out = nullptr) noexcept;
 
 // RESET → INIT → RTR → RTS, connected to `remote`. `responder` QPs accept RDMA WRITE/READ/atomics from
 // the peer; requester QPs accept nothing. On failure returns UCS_ERR_IO_ERROR with a reason in *why.

@@ -81,6 +81,38 @@ ucs_status_t getZcopy(uct_ep_h ep, const uct_iov_t* iov, size_t iovcnt, uint64_t
   return Ep::from(ep)->rdma(IBV_WR_RDMA_READ, iov, iovcnt, remote_addr, rkey, comp);
 }
 
+// --- Active messages and events (md/rc/rc_am.cc, md/rc/rc_recv.cc, Iface::eventArm) -------------
+
+ucs_status_t amShort(uct_ep_h ep, uint8_t id, uint64_t header, const void* payload,
+                     unsigned length) noexcept {
+  return Ep::from(ep)->amShort(id, header, payload, length);
+}
+
+ucs_status_t amShortIov(uct_ep_h ep, uint8_t id, const uct_iov_t* iov, size_t iovcnt) noexcept {
+  return Ep::from(ep)->amShortIov(id, iov, iovcnt);
+}
+
+ssize_t amBcopy(uct_ep_h ep, uint8_t id, uct_pack_callback_t pack, void* arg,
+                unsigned flags) noexcept {
+  return Ep::from(ep)->amBcopy(id, pack, arg, flags);
+}
+
+ucs_status_t amZcopy(uct_ep_h ep, uint8_t id, const void* header, unsigned header_length,
+                     const uct_iov_t* iov, size_t iovcnt, unsigned flags,
+                     uct_completion_t* comp) noexcept {
+  return Ep::from(ep)->amZcopy(id, header, header_length, iov, iovcnt, flags, comp);
+}
+
+ucs_status_t eventFdGet(uct_iface_h iface, int* fd) noexcept {
+  return Iface::from(iface)->eventFd(fd);
+}
+
+ucs_status_t eventArm(uct_iface_h iface, unsigned events) noexcept {
+  return Iface::from(iface)->eventArm(events);
+}
+
+// --- End of active messages and events ----------------------------------------------------------
+
 ucs_status_t pendingAdd(uct_ep_h ep, uct_pending_req_t* req, unsigned flags) noexcept {
   return Ep::from(ep)->pendingAdd(req, flags);
 }
@@ -141,10 +173,10 @@ const uct_iface_ops_t kIfaceOps = {
     .ep_get_short = GMD_RC_UNSUPPORTED(ep_get_short),
     .ep_get_bcopy = GMD_RC_UNSUPPORTED(ep_get_bcopy),
     .ep_get_zcopy = getZcopy,
-    .ep_am_short = GMD_RC_UNSUPPORTED(ep_am_short),
-    .ep_am_short_iov = GMD_RC_UNSUPPORTED(ep_am_short_iov),
-    .ep_am_bcopy = GMD_RC_UNSUPPORTED(ep_am_bcopy),
-    .ep_am_zcopy = GMD_RC_UNSUPPORTED(ep_am_zcopy),
+    .ep_am_short = amShort,
+    .ep_am_short_iov = amShortIov,
+    .ep_am_bcopy = amBcopy,
+    .ep_am_zcopy = amZcopy,
     .ep_atomic_cswap64 = GMD_RC_UNSUPPORTED(ep_atomic_cswap64),
     .ep_atomic_cswap32 = GMD_RC_UNSUPPORTED(ep_atomic_cswap32),
     .ep_atomic32_post = GMD_RC_UNSUPPORTED(ep_atomic32_post),
@@ -178,8 +210,8 @@ const uct_iface_ops_t kIfaceOps = {
     .iface_progress_enable = uct_base_iface_progress_enable,
     .iface_progress_disable = uct_base_iface_progress_disable,
     .iface_progress = ifaceProgress,
-    .iface_event_fd_get = GMD_RC_UNSUPPORTED(iface_event_fd_get),
-    .iface_event_arm = GMD_RC_UNSUPPORTED(iface_event_arm),
+    .iface_event_fd_get = eventFdGet,
+    .iface_event_arm = eventArm,
     .iface_close = ifaceClose,
     .iface_query = ifaceQuery,
     .iface_get_device_address = getDeviceAddress,

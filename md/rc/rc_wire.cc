@@ -1,5 +1,7 @@
 #include "md/rc/rc_wire.h"
 
+#include <uct/api/uct.h>
+
 #include <cmath>
 #include <cstring>
 
@@ -95,6 +97,25 @@ ucs_status_t unpackHandshake(const void* buffer, Handshake* h) noexcept {
   h->psn = get32(p + 12);
   h->lid = get16(p + 16);
   std::memcpy(h->gid.raw, p + 20, sizeof(h->gid.raw));
+  return UCS_OK;
+}
+
+std::uint32_t packImm(const Imm& imm) noexcept {
+  return static_cast<std::uint32_t>(imm.kind) | (static_cast<std::uint32_t>(imm.credits) << 8) |
+         (imm.request ? 1u << 24 : 0u);
+}
+
+ucs_status_t unpackImm(std::uint32_t value, Imm* imm) noexcept {
+  const auto kind = static_cast<std::uint8_t>(value & 0xff);
+  const auto credits = static_cast<std::uint16_t>((value >> 8) & 0xffff);
+  const bool request = (value >> 24) & 1;
+  if ((value >> 25) != 0) return UCS_ERR_INVALID_PARAM;
+  if (kind == kImmGrant ? request : (kind >= UCT_AM_ID_MAX || credits != 0)) {
+    return UCS_ERR_INVALID_PARAM;
+  }
+  imm->kind = kind;
+  imm->credits = credits;
+  imm->request = request;
   return UCS_OK;
 }
 

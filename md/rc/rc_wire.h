@@ -68,6 +68,26 @@ void packHandshake(const Handshake& h, void* buffer) noexcept;
 // version.
 ucs_status_t unpackHandshake(const void* buffer, Handshake* h) noexcept;
 
+// Immediate data of the SEND_WITH_IMM messages gmd_rc's QPs exchange (32 bits, carried in network
+// byte order by verbs: pack/unpack work on host-order values). An active message's payload is the
+// SEND's payload as is; its id travels here.
+//   bits 0-7    kind: an active message id (below UCT_AM_ID_MAX), or kImmGrant
+//   bits 8-23   credits granted (kImmGrant only; zero otherwise)
+//   bit 24      the sender asks for credits (active messages only)
+//   bits 25-31  reserved, zero
+// A grant is a zero-length SEND from a passive QP back to the endpoint whose messages it received,
+// returning one credit per message received since the last grant.
+inline constexpr std::uint8_t kImmGrant = 0xff;
+struct Imm {
+  std::uint8_t kind = 0;
+  std::uint16_t credits = 0;
+  bool request = false;
+};
+std::uint32_t packImm(const Imm& imm) noexcept;
+// UCS_ERR_INVALID_PARAM for reserved bits set, a kind that is neither an AM id nor a grant, or
+// credits on an active message, or a request on a grant.
+ucs_status_t unpackImm(std::uint32_t value, Imm* imm) noexcept;
+
 // The MTU both ends can run.
 ibv_mtu commonMtu(ibv_mtu a, ibv_mtu b) noexcept;
 // Bytes in a path MTU.
