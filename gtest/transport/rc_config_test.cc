@@ -26,6 +26,7 @@ class RcConfigTest : public ::testing::Test {
     dev_.max_sge_rd = 16;
     dev_.max_qp_init_rd_atom = 16;
     dev_.max_qp_rd_atom = 16;
+    dev_.max_srq_wr = 4096;
     port_.max_msg_sz = 1u << 30;
     port_.active_mtu = IBV_MTU_1024;
   }
@@ -74,6 +75,9 @@ TEST_F(RcConfigTest, SensibleValuesPass) {
       {"MAX_READ", "4k"},       {"TIMEOUT", "8ms"},     {"RETRY_COUNT", "0"},
       {"RETRY_COUNT", "6"},     {"CONNECT_TIMEOUT", "2s"}, {"LATENCY", "0"},
       {"OVERHEAD", "10ns"},     {"MAX_NUM_EPS", "inf"}, {"MAX_NUM_EPS", "1000"},
+      {"RX_QUEUE_LEN", "2"},    {"RX_QUEUE_LEN", "4096"}, {"SEG_SIZE", "256"},
+      {"SEG_SIZE", "64k"},      {"FC_WND_SIZE", "1"},   {"FC_WND_SIZE", "32768"},
+      {"TX_BOUNCE", "1"},       {"TX_MAX_INLINE", "0"}, {"TX_MAX_INLINE", "1024"},
   };
   for (const auto& [name, value] : ok) {
     ASSERT_EQ(UCS_OK, fill(name, value)) << name << "=" << value;
@@ -100,6 +104,10 @@ TEST_F(RcConfigTest, ValuesThatMakeNoSenseAreRefusedNamingTheVariable) {
       {"LATENCY", "-1us"},        {"LATENCY", "2s"},          {"OVERHEAD", "-75ns"},
       {"OVERHEAD", "nan"},        {"MAX_NUM_EPS", "0"},       {"MAX_NUM_EPS", "-5"},
       {"MAX_NUM_EPS", "1001"},
+      {"RX_QUEUE_LEN", "1"},      {"RX_QUEUE_LEN", "-5"},     {"RX_QUEUE_LEN", "4097"},
+      {"SEG_SIZE", "255"},        {"SEG_SIZE", "-5"},         {"SEG_SIZE", "2g"},
+      {"FC_WND_SIZE", "0"},       {"FC_WND_SIZE", "32769"},   {"TX_BOUNCE", "0"},
+      {"TX_BOUNCE", "-1"},        {"TX_MAX_INLINE", "1025"},  {"TX_MAX_INLINE", "-1"},
   };
   for (const auto& [name, value] : bad) {
     ASSERT_EQ(UCS_OK, fill(name, value)) << name << "=" << value << " should parse";

@@ -114,5 +114,28 @@ TEST(RcWire, PortNamesBelongToTheirMd) {
   EXPECT_EQ(UCS_ERR_NO_DEVICE, parsePortName("rxe0:300", "rxe0", &port));
 }
 
+// The immediate data of active messages and grants: round trip, and every malformed value refused.
+TEST(RcWire, ImmediateDataRoundTripsAndRefusesMalformedValues) {
+  Imm am;
+  am.kind = 31;
+  am.request = true;
+  Imm back;
+  ASSERT_EQ(UCS_OK, unpackImm(packImm(am), &back));
+  EXPECT_EQ(31, back.kind);
+  EXPECT_TRUE(back.request);
+  EXPECT_EQ(0, back.credits);
+  Imm grant;
+  grant.kind = kImmGrant;
+  grant.credits = 0xffff;
+  ASSERT_EQ(UCS_OK, unpackImm(packImm(grant), &back));
+  EXPECT_EQ(kImmGrant, back.kind);
+  EXPECT_EQ(0xffff, back.credits);
+  EXPECT_FALSE(back.request);
+  EXPECT_EQ(UCS_ERR_INVALID_PARAM, unpackImm(32, &back)) << "AM id beyond UCT_AM_ID_MAX";
+  EXPECT_EQ(UCS_ERR_INVALID_PARAM, unpackImm(5u | (1u << 8), &back)) << "credits on an AM";
+  EXPECT_EQ(UCS_ERR_INVALID_PARAM, unpackImm(kImmGrant | (1u << 24), &back)) << "request on a grant";
+  EXPECT_EQ(UCS_ERR_INVALID_PARAM, unpackImm(5u | (1u << 25), &back)) << "reserved bit";
+}
+
 }  // namespace
 }  // namespace gmd::md::rc

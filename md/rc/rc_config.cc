@@ -115,6 +115,8 @@ constexpr double kMaxVerbsTimeoutSec = 4.096e-6 * 2147483648.0;
 constexpr unsigned kMaxRetryCount = 6;
 constexpr unsigned kMaxRdAtomic = 255;  // ibv_qp_attr::max_rd_atomic is 8 bits
 constexpr double kMaxCostSec = 1.0;     // LATENCY, OVERHEAD
+constexpr unsigned kMaxBounce = 65536;  // TX_BOUNCE: 512 MiB of 8 KiB buffers
+constexpr unsigned kMaxInline = 1024;   // TX_MAX_INLINE: far above what devices offer
 
 std::string seconds(double s) {
   char buf[32];
@@ -185,6 +187,28 @@ ucs_status_t validateConfig(const IfaceConfig& c, const ibv_device_attr& dev,
     if (!(c.overhead >= 0 && c.overhead <= kMaxCostSec)) {
       return refuse(error, "OVERHEAD", seconds(c.overhead), "a time from 0 to 1s");
     }
+    const auto max_srq = static_cast<unsigned>(std::max(dev.max_srq_wr, 2));
+    if (c.rx_queue_len < 2 || c.rx_queue_len > max_srq) {
+      return refuse(error, "RX_QUEUE_LEN", std::to_string(c.rx_queue_len),
+                    "2.." + std::to_string(max_srq) + " (the device's shared receive queue)");
+    }
+    const std::size_t max_seg = std::min<std::size_t>(kMaxSegSize, port.max_msg_sz);
+    if (c.seg_size < kMinSegSize || c.seg_size > max_seg) {
+      return refuse(error, "SEG_SIZE", std::to_string(c.seg_size),
+                    std::to_string(kMinSegSize) + ".." + std::to_string(max_seg) + " bytes");
+    }
+    if (c.fc_wnd_size == 0 || c.fc_wnd_size > kMaxFcWindow) {
+      return refuse(error, "FC_WND_SIZE", std::to_string(c.fc_wnd_size),
+                    "1.." + std::to_string(kMaxFcWindow));
+    }
+    if (c.tx_bounce == 0 || c.tx_bounce > kMaxBounce) {
+      return refuse(error, "TX_BOUNCE", std::to_string(c.tx_bounce),
+                    "1.." + std::to_string(kMaxBounce));
+    }
+    if (c.tx_max_inline > kMaxInline) {
+      return refuse(error, "TX_MAX_INLINE", std::to_string(c.tx_max_inline),
+                    "0.." + std::to_string(kMaxInline) + " bytes (capped by the device)");
+    }
     return UCS_OK;
   } catch (...) {
     *error = "out of memory";
@@ -200,14 +224,6 @@ ucs_status_t deriveLimits(const IfaceConfig& config, const ibv_device_attr& dev,
   if (const ucs_status_t st = validateConfig(config, dev, port, &error); st != UCS_OK) {
     ucs_error("gmd_rc %s: %s", dev_name, error.c_str());
     return st;
-  }
-  if (config.rx_queue_len < 2 || config.tx_bounce == 0 || config.fc_wnd_size == 0 ||
-      config.fc_wnd_size > kMaxFcWindow || config.seg_size < kMinSegSize ||
-      config.seg_size > kMaxSegSize) {
-    ucs_error("gmd_rc %s: UCX_GMD_RC_RX_QUEUE_LEN must be at least 2, _TX_BOUNCE positive, "
-              "_FC_WND_SIZE within 1..%u and _SEG_SIZE within %zu..%zu",
-              dev_name, kMaxFcWindow, kMinSegSize, kMaxSegSize);
-    return UCS_ERR_INVALID_PARAM;
   }
   Limits l;
   QpSettings& s = l.qp;
@@ -231,9 +247,8 @@ ucs_status_t deriveLimits(const IfaceConfig& config, const ibv_device_attr& dev,
     l.max_read = config.max_read;  // validated: at most max_msg
   }
   l.cq_len = std::min<unsigned>(config.tx_cq_len, static_cast<unsigned>(std::max(dev.max_cqe, 1)));
-  l.rx_queue_len =
-      std::min<unsigned>(config.rx_queue_len, static_cast<unsigned>(std::max(dev.max_srq_wr, 2)));
-  l.seg_size = std::min<std::size_t>(config.seg_size, static_cast<std::size_t>(l.max_msg));
+  l.rx_queue_len = config.rx_queue_len;  // validated: within the device's limits
+  l.seg_size = config.seg_size;
   l.fc_wnd = config.fc_wnd_size;
   l.tx_bounce = config.tx_bounce;
   l.tx_max_inline = config.tx_max_inline;
