@@ -26,7 +26,11 @@ struct PciAddress {
   std::uint8_t bus = 0;
   std::uint8_t slot = 0;      // device, 0-0x1f
   std::uint8_t function = 0;  // 0-7
-  bool operator==(const PciAddress&) const = default;
+  // Spelled out, not defaulted: the GPU check builds this file with whatever compiler the GPU
+  // machine has (GCC 9's C++2a has no defaulted comparisons).
+  bool operator==(const PciAddress& o) const {
+    return domain == o.domain && bus == o.bus && slot == o.slot && function == o.function;
+  }
 };
 
 // Parses "dddd:bb:ss.f" or "bb:ss.f" (hex, either case; the domain may have up to 8 digits, as
