@@ -1,11 +1,15 @@
 #!/bin/bash
 # gmd_rc vs UCX's rc_verbs on the same RDMA devices, in one run (docs/transport.md has the figures):
-# UCT put/get zero-copy bandwidth and latency, then UCP tag_bw in the rendezvous range.
+# UCT put/get zero-copy bandwidth and latency, then UCP tag_bw in the rendezvous range; `am`: UCT
+# active messages (am_lat short/bcopy, am_bw bcopy/zcopy, gmd_rc vs rc_verbs) and UCP tag_lat over
+# gmd_rc,self vs tcp,self, each repeated REPS times (default 3) to show the noise.
 # Server on the first device, client on the last (rxe0 <- rxe1 in the soft-RoCE VM).
-# Usage: bench/transport_bench.sh PATH/TO/libuct_gmd.so [uct|ucp|all]   (in the VM: gtest/rxe/run-in-vm -- ...)
+# Usage: bench/transport_bench.sh PATH/TO/libuct_gmd.so [uct|ucp|am|all] [REPS]
+#        (in the VM: gtest/rxe/run-in-vm -- ...)
 set -u
 plugin=$1
 parts=${2:-all}
+reps=${3:-3}
 ulimit -l unlimited 2>/dev/null
 devs=($(ls /sys/class/infiniband 2>/dev/null))
 ((${#devs[@]} > 0)) || { echo "no RDMA devices"; exit 1; }
@@ -38,6 +42,27 @@ pair() {
     echo "$label: $fin"
   fi
 }
+
+if [[ $parts == am ]]; then
+  echo "# UCT active messages, $cdev:1 -> $sdev:1, $reps runs each (gmd_rc and rc_verbs alternate)"
+  for r in $(seq "$reps"); do
+    for tl in gmd_rc rc_verbs; do
+      pair "run $r uct $tl am_lat short 8" "" "" -- -x $tl -d $sdev:1 -t am_lat -D short -s 8 -n 5000 -w 200
+      pair "run $r uct $tl am_lat bcopy 8" "" "" -- -x $tl -d $sdev:1 -t am_lat -D bcopy -s 8 -n 5000 -w 200
+      pair "run $r uct $tl am_bw bcopy 4096" "" "" -- -x $tl -d $sdev:1 -t am_bw -D bcopy -s 4096 -n 20000 -w 500
+      pair "run $r uct $tl am_bw zcopy 4096" "" "" -- -x $tl -d $sdev:1 -t am_bw -D zcopy -s 4096 -n 20000 -w 500
+    done
+  done 2>&1
+  echo "# UCP tag_lat 8 B, $cdev <- $sdev"
+  for r in $(seq "$reps"); do
+    for tls in gmd_rc,self tcp,self; do
+      pair "run $r ucp $tls tag_lat 8" "UCX_TLS=$tls UCX_NET_DEVICES=$sdev:1,${snd:-lo}" \
+        "UCX_TLS=$tls UCX_NET_DEVICES=$cdev:1,${cnd:-lo}" -- -t tag_lat -s 8 -n 5000 -w 200
+    done
+  done 2>&1
+  rm -rf "$log"
+  exit 0
+fi
 
 if [[ $parts != ucp ]]; then
 echo "# UCT, $cdev:1 -> $sdev:1"
