@@ -10,6 +10,7 @@
 //    bumps attention_, and applies the queue at once when it can try-lock the writer lock. Every
 //    get() reads attention_ before its lookup and drains the queue first when it is non-zero.
 //  - Deregistration happens outside lock_, in get()/put()/progress(), never inside invalidate().
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <mutex>
@@ -43,6 +44,13 @@ CacheImpl::CacheImpl(const Config& config) noexcept
           std::min<std::size_t>(config.max_unused_bytes / 8, std::size_t{64} << 20))) {
   registerCache(this);
 }
+
+void* CacheImpl::operator new(std::size_t size, const std::nothrow_t&) noexcept {
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+void CacheImpl::operator delete(void* p, std::size_t size) noexcept { ::munmap(p, size); }
 
 CacheImpl::~CacheImpl() {
   unregisterCache(this);
@@ -222,6 +230,8 @@ void CacheImpl::put(Region* region) noexcept {
   const std::uint64_t prev = r->state_.fetch_sub(1, std::memory_order_acq_rel);
   if (__builtin_expect((prev & kHolderMask) == 1, 1)) {
     // The last holder. A valid region stays cached (unused); an invalid one is ours to deregister.
+    // A region from before a fork() (in the child) is an orphan: out of every index, left alone.
+    if (__builtin_expect(r->fork_gen_ != fork_gen_.load(std::memory_order_relaxed), 0)) return;
     if ((prev & kInvalid) == 0) {
       addUnused(slot, len);
     } else {
@@ -556,11 +566,9 @@ __attribute__((noinline)) void CacheImpl::finishWork(bool force_collect) noexcep
 }
 
 __attribute__((noinline)) void CacheImpl::releaseInvalid(RegionImpl* r) noexcept {
-  if (r->fork_gen_ == fork_gen_.load(std::memory_order_relaxed)) {
-    regions_.fetch_sub(1, std::memory_order_relaxed);
-    pinned_.fetch_sub(static_cast<std::int64_t>(r->length()), std::memory_order_relaxed);
-    r->backend()->dereg(r->registration());
-  }
+  regions_.fetch_sub(1, std::memory_order_relaxed);
+  pinned_.fetch_sub(static_cast<std::int64_t>(r->length()), std::memory_order_relaxed);
+  r->backend()->dereg(r->registration());
   Retired* freeable;
   {
     WriterGuard g(lock_);

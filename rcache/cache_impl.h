@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 
 #include "common/range.h"
 #include "rcache/index.h"
@@ -97,7 +98,15 @@ class CacheImpl final : public Cache {
   Stats stats() const noexcept override;
   const Config& config() const noexcept override { return config_; }
 
-  // Fork handlers (fork.cc; the cache registry is locked).
+  // A cache lives on pages of its own (mmap), so that no application buffer registered with
+  // MADV_DONTFORK (ibv_fork_init()) can share a page with what the fork child handler writes.
+  static void* operator new(std::size_t size, const std::nothrow_t&) noexcept;
+  static void operator delete(void* p, std::size_t size) noexcept;
+
+  // Fork handlers (fork.cc; the cache registry is locked). dropUnusedBeforeFork() runs first,
+  // before any lock is taken: it deregisters every unused region, so that only memory the
+  // application still holds registered is do-not-fork in the child.
+  void dropUnusedBeforeFork() noexcept;
   void forkPrepare() noexcept { lock_.lock(); }
   void forkParent() noexcept { lock_.unlock(); }
   void forkChild() noexcept;

@@ -5,23 +5,36 @@
 #include <pthread.h>
 
 #include <mutex>
+#include <new>
 
+#include "common/log.h"
 #include "rcache/cache_impl.h"
 
 namespace gmd::rcache::detail {
 namespace {
 
-// Live caches, for the fork handlers.
+// Live caches, for the fork handlers. In static storage, never destroyed (a fork may follow
+// main()'s return), and never on the heap: the child handler unlocks its mutex, and a heap page may
+// be do-not-fork when it shares a page with a registered buffer.
 struct CacheRegistry {
   std::mutex mutex;
   CacheImpl* head = nullptr;
 };
+alignas(CacheRegistry) unsigned char g_registry_storage[sizeof(CacheRegistry)];
 CacheRegistry& cacheRegistry() {
-  static auto* r = new CacheRegistry;  // never destroyed: a fork may follow main()'s return
+  static CacheRegistry* r = new (g_registry_storage) CacheRegistry;
   return *r;
 }
 
 void atforkPrepare() {
+  // First, with no cache locked: drop what nobody holds (deregistration happens outside lock_,
+  // and a backend's deregistration may raise invalidations that try-lock it).
+  {
+    std::lock_guard<std::mutex> g(cacheRegistry().mutex);
+    for (CacheImpl* c = cacheRegistry().head; c != nullptr; c = c->reg_next_) {
+      c->dropUnusedBeforeFork();
+    }
+  }
   lockThreadRegistry();
   cacheRegistry().mutex.lock();
   for (CacheImpl* c = cacheRegistry().head; c != nullptr; c = c->reg_next_) c->forkPrepare();
@@ -66,33 +79,44 @@ void unregisterCache(CacheImpl* cache) noexcept {
   if (cache->reg_next_ != nullptr) cache->reg_next_->reg_prev_ = cache->reg_prev_;
 }
 
+// Before fork() (parent, no lock held): what nobody holds is evicted and deregistered now, as UCX's
+// own cache does. With ibv_fork_init() every registered page is do-not-fork: a cached unused
+// registration would take the application's heap that shares its pages away from the child.
+void CacheImpl::dropUnusedBeforeFork() noexcept {
+  if (!config_.purge_on_fork) return;
+  std::size_t n;
+  {
+    WriterGuard g(lock_);
+    applyQueued_locked();
+    n = evictAllUnused_locked();
+  }
+  finishWork(/*force_collect=*/true);
+  if (n != 0) log(LogLevel::kDebug, "rcache", "fork: dropped %zu unused registrations", n);
+}
+
 // In the child, only the forking thread exists and lock_ is held by it (taken in forkPrepare()).
-// The child must never hand out nor deregister the parent's registrations: every region becomes an
-// orphan (invalid, never deregistered), the index is emptied, and orphans are freed as they are
-// released. No allocation here.
+// The child must never hand out nor deregister the parent's registrations, and must touch nothing
+// the parent allocated elsewhere than on the cache's own pages: a heap page that shares a page
+// with a buffer the parent holds registered is absent in the child (MADV_DONTFORK). So the parent's
+// index, regions, dead and retired lists and heap array are abandoned, unread (they leak in the
+// child: only what the parent held registered at fork is left, the rest was dropped by
+// dropUnusedBeforeFork()). Only this object (its own pages, see operator new) and the reader slots
+// (their own pages too) are written. No allocation here.
 void CacheImpl::forkChild() noexcept {
   if (!config_.purge_on_fork) {
     lock_.unlock();
     return;
   }
-  // From here on every existing region belongs to an older generation: deregister() and
-  // releaseInvalid() skip the backend for it and it leaves no trace in the counters.
+  // From here on every existing region belongs to an older generation: deregister(), put() and
+  // releaseInvalid() skip the backend and the counters for it.
   fork_gen_.fetch_add(1, std::memory_order_relaxed);
   queue_.discard();
-  IndexT::TopT* top = index_.detach();
-  for (std::size_t i = 0; i < top->size; ++i) {
-    IndexT::LeafT* leaf = top->leaf(i);
-    for (std::size_t k = 0; k < leaf->size; ++k) {
-      RegionImpl* reg = leaf->entries()[k].region;
-      reg->in_index_ = false;
-      reg->next_unindex_ = nullptr;
-      const std::uint64_t prev = reg->state_.fetch_or(kInvalid, std::memory_order_relaxed);
-      if ((prev & (kInvalid | kHolderMask)) == 0) pushDead_locked(reg);  // freed by the next pass
-    }
-    if (!IndexT::isEmptyLeaf(leaf)) index_.retire(leaf);
-  }
-  if (!IndexT::isEmptyTop(top)) index_.retire(top);
-  lru_.clear();
+  (void)index_.detach();
+  lru_.abandon();
+  (void)reclaim_.retired.takeAll();
+  dead_ = nullptr;
+  zombies_ = nullptr;
+  work_flag_ = false;
   reclaim_.slots.forEach([](ReaderSlot& s) {
     s.epoch.store(0, std::memory_order_relaxed);
     s.unused_delta.store(0, std::memory_order_relaxed);
@@ -100,7 +124,7 @@ void CacheImpl::forkChild() noexcept {
   regions_.store(0, std::memory_order_relaxed);
   pinned_.store(0, std::memory_order_relaxed);
   unused_shared_.store(0, std::memory_order_relaxed);
-  attention_.store(work_flag_ ? kWorkBit : 0, std::memory_order_relaxed);
+  attention_.store(0, std::memory_order_relaxed);
   lock_.unlock();
 }
 

@@ -71,8 +71,13 @@ class LruHeap {
     items_[i].key = key;
     if (!up(i)) down(i);
   }
-  // Forgets every item without touching the regions (fork child: they are orphans).
-  void clear() noexcept { size_ = 0; }
+  // Forgets every item and its storage without touching either (fork child: the regions are
+  // orphans and the parent's array may lie on a page the child does not have). Leaks the array.
+  void abandon() noexcept {
+    items_ = nullptr;
+    cap_ = 0;
+    size_ = 0;
+  }
 
  private:
   void place(std::size_t i, const Item& it) noexcept {

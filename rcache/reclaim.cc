@@ -2,6 +2,7 @@
 #include "rcache/reclaim.h"
 
 #include <linux/membarrier.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -21,8 +22,11 @@ struct ThreadIndexRegistry {
   int next = 0;
 };
 
+// Never destroyed (threads may exit after main()), and in static storage: the fork handlers lock
+// and unlock its mutex, and the child may lack a heap page that shares a registered buffer's page.
+alignas(ThreadIndexRegistry) unsigned char g_thread_registry_storage[sizeof(ThreadIndexRegistry)];
 ThreadIndexRegistry& threadRegistry() {
-  static auto* r = new ThreadIndexRegistry;  // never destroyed: threads may exit after main()
+  static ThreadIndexRegistry* r = new (g_thread_registry_storage) ThreadIndexRegistry;
   return *r;
 }
 
@@ -105,20 +109,34 @@ void writerFence() noexcept {
 // ---------------------------------------------------------------------------------------------------
 // Reader slots
 
+// Slot chunks live on pages of their own (mmap), like the cache: the fork child handler writes
+// them, and a heap page may be do-not-fork when it shares a page with a registered buffer.
+ReaderSlots::SlotChunk* ReaderSlots::allocateChunk() noexcept {
+  void* p = ::mmap(nullptr, sizeof(SlotChunk), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+  return p == MAP_FAILED ? nullptr : new (p) SlotChunk;
+}
+
+void ReaderSlots::releaseChunk(SlotChunk* c) noexcept {
+  if (c == nullptr) return;
+  c->~SlotChunk();
+  ::munmap(c, sizeof(SlotChunk));
+}
+
 ReaderSlots::~ReaderSlots() {
-  for (auto& c : chunks_) delete c.load(std::memory_order_relaxed);
+  for (auto& c : chunks_) releaseChunk(c.load(std::memory_order_relaxed));
 }
 
 ReaderSlot* ReaderSlots::slot(int index) noexcept {
   const auto ci = static_cast<std::size_t>(index) / kSlotsPerChunk;
   SlotChunk* c = chunks_[ci].load(std::memory_order_acquire);
   if (__builtin_expect(c == nullptr, 0)) {
-    auto* fresh = new (std::nothrow) SlotChunk;
+    SlotChunk* fresh = allocateChunk();
     if (fresh == nullptr) return nullptr;
     if (chunks_[ci].compare_exchange_strong(c, fresh, std::memory_order_seq_cst)) {
       c = fresh;
     } else {
-      delete fresh;
+      releaseChunk(fresh);
     }
   }
   // Published before the thread first uses the slot, so that writers scan it.

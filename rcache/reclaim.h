@@ -90,6 +90,8 @@ class ReaderSlots {
   struct SlotChunk {
     ReaderSlot slot[kSlotsPerChunk];
   };
+  static SlotChunk* allocateChunk() noexcept;
+  static void releaseChunk(SlotChunk* c) noexcept;
   std::atomic<std::uint64_t> epoch_{1};
   std::atomic<std::size_t> slot_limit_{0};  // slots [0, slot_limit_) may have been handed out
   std::atomic<SlotChunk*> chunks_[kMaxChunks] = {};

@@ -511,12 +511,12 @@ TEST_F(RcacheTest, Rule9ForkChildNeverUsesParentRegistrations) {
   put(cached);
   Region* held = get(4, 1);
   FakeBackend::Record* rheld = FakeBackend::record(held);
-  const long deregs_before = be_.deregCalls();
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     // Child: plain checks and _exit codes (no gtest machinery across fork).
     int code = 0;
+    const long deregs_at_fork = be_.deregCalls();
     Region* r = nullptr;
     if (cache_->get(at(0), kPage, kAccessLocalRead, MemType::kHost, &be_, &r) != Status::kOk) {
       code = 10;
@@ -524,11 +524,18 @@ TEST_F(RcacheTest, Rule9ForkChildNeverUsesParentRegistrations) {
       code = 11;  // handed out the parent's registration
     }
     if (code == 0 && cache_->stats().regions != 1) code = 12;
+    Region* h = nullptr;
+    if (code == 0 &&
+        (cache_->get(at(4), kPage, kAccessLocalRead, MemType::kHost, &be_, &h) != Status::kOk ||
+         h == held)) {
+      code = 15;  // the parent's held registration is not the child's either
+    }
+    if (h != nullptr) cache_->put(h);
     if (r != nullptr) cache_->put(r);
     cache_->put(held);  // the parent's: must not be deregistered by the child
     cache_->invalidate(at(0), 64 * kPage);
     cache_->progress();
-    if (code == 0 && be_.deregCalls() != deregs_before + 1) code = 13;  // only the child's own
+    if (code == 0 && be_.deregCalls() != deregs_at_fork + 2) code = 13;  // only the child's own
     if (code == 0 && rheld->deregs.load() != 0) code = 14;
     _exit(code);
   }
@@ -536,10 +543,47 @@ TEST_F(RcacheTest, Rule9ForkChildNeverUsesParentRegistrations) {
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "child check failed (see codes in the test)";
-  // The parent is untouched.
-  Region* again = get(0, 1);
-  EXPECT_EQ(again, cached);
+  // The parent keeps what it holds; what nobody held was deregistered just before the fork.
+  EXPECT_EQ(1, rcached->deregs.load());
+  EXPECT_EQ(0, rheld->deregs.load());
+  EXPECT_EQ(1u, cache_->stats().regions);
+  Region* again = get(4, 1);
+  EXPECT_EQ(again, held);
   put(again);
+  put(held);
+  Region* fresh = get(0, 1);
+  EXPECT_NE(rcached, FakeBackend::record(fresh));
+  put(fresh);
+}
+
+// What UCX's cache does before fork(): unused registrations are deregistered in the parent, so that
+// with ibv_fork_init() only memory the application still holds registered is do-not-fork.
+TEST_F(RcacheTest, Rule9ForkDeregistersUnusedRegionsInTheParentFirst) {
+  Region* a = get(0, 2);
+  Region* b = get(8, 1);
+  Region* held = get(16, 1);
+  FakeBackend::Record* ra = FakeBackend::record(a);
+  FakeBackend::Record* rb = FakeBackend::record(b);
+  put(a);
+  put(b);
+  const std::uint64_t evictions = cache_->stats().evictions;
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The parent deregistered them before the fork: the child's copy of the records says so.
+    _exit(ra->deregs.load() == 1 && rb->deregs.load() == 1 ? 0 : 20);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(0, WEXITSTATUS(status)) << "the unused regions were still registered at fork";
+  EXPECT_EQ(1, ra->deregs.load());
+  EXPECT_EQ(1, rb->deregs.load());
+  EXPECT_EQ(0, FakeBackend::record(held)->deregs.load());
+  const Stats st = cache_->stats();
+  EXPECT_EQ(1u, st.regions);
+  EXPECT_EQ(0u, st.unused_bytes);
+  EXPECT_EQ(evictions + 2, st.evictions);
   put(held);
 }
 
