@@ -316,7 +316,7 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
     return st;
   }
 
-  const std::size_t len = want.length();
+  std::size_t len = want.length();
   auto unreserve = [&] {
     regions_.fetch_sub(1, std::memory_order_relaxed);
     pinned_.fetch_sub(static_cast<std::int64_t>(len), std::memory_order_relaxed);
@@ -333,6 +333,21 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
     finishWork();
     log(LogLevel::kDebug, kModule, "backend out of resources: evicted %zu unused regions, retrying",
         evicted);
+    res = backend->reg(want.start, len, want_access, what.memory, &reg);
+  }
+  if (!res.ok() && (want.start != rq.start || want.end != rq.end)) {
+    // The union with the overlapping regions failed, e.g. because a neighbour's pages were
+    // unmapped since we looked (EFAULT): the caller's own pages may all be mapped. Retry with the
+    // request alone, as UCX's cache does.
+    log(LogLevel::kDebug, kModule,
+        "%s: registering the union [0x%zx, 0x%zx) failed (%s), retrying [0x%zx, 0x%zx) alone",
+        backend->name(), static_cast<std::size_t>(want.start), static_cast<std::size_t>(want.end),
+        statusString(res.status), static_cast<std::size_t>(rq.start),
+        static_cast<std::size_t>(rq.end));
+    pinned_.fetch_sub(static_cast<std::int64_t>(len - rq.length()), std::memory_order_relaxed);
+    want = rq;
+    want_access = access;
+    len = want.length();
     res = backend->reg(want.start, len, want_access, what.memory, &reg);
   }
   if (!res.ok()) {

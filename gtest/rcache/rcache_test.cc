@@ -402,7 +402,7 @@ TEST_F(RcacheTest, Rule7FailedRegistrationLeavesNothing) {
 TEST_F(RcacheTest, Rule7FailedMergeKeepsExistingRegions) {
   Region* a = get(0, 2);
   put(a);
-  be_.failNext(Status::kUnsupported);
+  be_.failNext(Status::kUnsupported, 2);  // the union, then the request alone
   get(1, 3, kAccessLocalRead, Status::kUnsupported);
   Region* b = get(0, 2);  // the old region is still indexed and valid
   EXPECT_EQ(a, b);
