@@ -35,7 +35,7 @@ pair() {
   wait $sp
   port=$((port + 1))
   local fin
-  fin=$(echo "$out" | awk '/^Final:/ { printf "lat(typ) %s us, overhead %s us/op, bw %s MB/s, rate %s msg/s", $3, $5, $7, $9 }')
+  fin=$(echo "$out" | awk '/^Final:/ { printf "lat(typ) %s us, lat(overall) %s us, bw %s MB/s, rate %s msg/s", $3, $5, $7, $9 }')
   if ((rc != 0)) || [[ -z $fin ]]; then
     echo "$label: FAILED (rc=$rc) $(echo "$out" | grep -m1 -E 'ERROR|Fatal|error')"
   else
