@@ -86,6 +86,10 @@ ucs_status_t mdQuery(uct_md_h uct_md, uct_md_attr_t* attr) {
   attr->cap.max_reg = md->deviceAttr().max_mr_size != 0 ? md->deviceAttr().max_mr_size : SIZE_MAX;
   attr->cap.reg_mem_types = UCS_BIT(UCS_MEMORY_TYPE_HOST);
   if (md->registrar().cudaRegistration()) attr->cap.reg_mem_types |= UCS_BIT(UCS_MEMORY_TYPE_CUDA);
+  if (md->registrar().managedPolicy() == ManagedPolicy::kHostPages &&
+      memtype::Classifier::instance().cudaAvailable()) {
+    attr->cap.reg_mem_types |= UCS_BIT(UCS_MEMORY_TYPE_CUDA_MANAGED);
+  }
   attr->cap.detect_mem_types = 0;
   if (memtype::Classifier::instance().cudaAvailable()) {
     attr->cap.detect_mem_types =
@@ -156,17 +160,14 @@ ucs_status_t mdDetectMemoryType(uct_md_h, const void* address, size_t length,
 
 // Device memory through GPUDirect, when a CUDA driver with devices is present and the device can
 // do it; nullptr otherwise (then CUDA stays out of reg_mem_types).
-std::unique_ptr<memtype::GpuDirectBackend> makeGpuDirect(const char* name, ibv_pd* pd,
-                                                         const MdConfig& config) {
+std::unique_ptr<GpuDirectBackend> makeGpuDirect(const char* name, ibv_pd* pd,
+                                                const MdConfig& config) {
   memtype::Classifier& classifier = memtype::Classifier::instance();
-  memtype::FreeMode mode = memtype::FreeMode::kHooks;
-  memtype::parseFreeMode(kCudaFreeModeNames[config.cuda_free_mode], &mode);
-  classifier.setFreeMode(mode);  // process-wide: the classifier is shared by all MDs
+  classifier.setFreeMode(freeMode(config));  // process-wide: the classifier is shared by all MDs
   if (!classifier.cudaAvailable()) return nullptr;
-  memtype::GpuDirectConfig gd;
-  memtype::parseDmabufPolicy(kDmabufNames[config.dmabuf], &gd.dmabuf);
-  gd.managed = memtype::ManagedPolicy::kRefuse;
-  auto backend = std::make_unique<memtype::GpuDirectBackend>(pd, gd);
+  GpuDirectConfig gd;
+  gd.dmabuf = dmabufPolicy(config);
+  auto backend = std::make_unique<GpuDirectBackend>(pd, gd);
   if (!backend->cudaSupported()) {
     ucs_debug("gmd %s: no GPUDirect path (dma-buf or peer memory) for CUDA memory", name);
     return nullptr;
@@ -245,8 +246,9 @@ ucs_status_t Md::open(ucx::Component* component, const char* name, const MdConfi
     md->cuda_backend_ = makeGpuDirect(name, md->pd_, config);
     md->registrar_ = std::make_unique<Registrar>(name, std::move(cache), md->host_backend_.get(),
                                                  md->cuda_backend_.get(), classify);
-    md->registrar_->setValidateDeviceHits(config.cuda_free_mode == kCudaFreeValidate ||
-                                          config.cuda_free_mode == kCudaFreeBoth);
+    md->registrar_->setValidateDeviceHits(freeMode(config) == memtype::FreeMode::kValidate ||
+                                          freeMode(config) == memtype::FreeMode::kHooksAndValidate);
+    md->registrar_->setManagedPolicy(managedPolicy(config));
 
     md->cpu_monitor_ = std::make_unique<rcache::UcmMonitor>(static_cast<int>(config.event_prio));
     if (rcache::Status st = md->cpu_monitor_->subscribe(&md->registrar_->cache());

@@ -10,11 +10,11 @@
 #include <memory>
 #include <string>
 
+#include "md/gpudirect.h"
 #include "md/md_config.h"
 #include "md/registrar.h"
 #include "md/ucx_abi.h"
 #include "md/verbs_backend.h"
-#include "memtype/gpudirect.h"
 #include "rcache/rcache.h"
 
 namespace gmd::md {
@@ -53,7 +53,7 @@ class Md {
   ibv_pd* pd_ = nullptr;
   ibv_device_attr dev_attr_{};
   std::unique_ptr<VerbsBackend> host_backend_;
-  std::unique_ptr<memtype::GpuDirectBackend> cuda_backend_;
+  std::unique_ptr<GpuDirectBackend> cuda_backend_;
   std::unique_ptr<Registrar> registrar_;
   std::unique_ptr<rcache::Monitor> cpu_monitor_;
   bool cpu_subscribed_ = false;

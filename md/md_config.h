@@ -12,24 +12,19 @@
 #include <cstddef>
 #include <string>
 
+#include "md/gpudirect.h"
+#include "md/registrar.h"
 #include "md/ucx_abi.h"
+#include "memtype/memtype.h"
 #include "rcache/rcache.h"
 
 namespace gmd::md {
 
-// How CUDA frees reach the cache (UCX_GMD_CUDA_FREE_MODE).
-enum CudaFreeMode : unsigned {
-  kCudaFreeHooks = 0,
-  kCudaFreeValidate = 1,
-  kCudaFreeBoth = 2,
-  kCudaFreeOff = 3,
-};
-// The names UCX's parser accepts, indexed by the enums above (for passing on to memtype/).
-extern const char* kCudaFreeModeNames[];
-extern const char* kDmabufNames[];
-// GPUDirect through dma-buf (UCX_GMD_DMABUF).
-enum DmabufMode : unsigned { kDmabufTry = 0, kDmabufOn = 1, kDmabufOff = 2 };
-
+// The enum variables are stored as UCX's parser fills them in: the index of the value in its name
+// table, which is the value of the enum it configures (defined once, where it is used):
+//   CUDA_FREE_MODE  memtype::FreeMode    names memtype::kFreeModeNames
+//   DMABUF          md::DmabufPolicy     names md::kDmabufPolicyNames
+//   CUDA_MANAGED    md::ManagedPolicy    names md::kManagedPolicyNames
 struct MdConfig {
   ucx::MdConfigBase super;
   unsigned long max_regions;   // RCACHE_MAX_REGIONS
@@ -39,21 +34,26 @@ struct MdConfig {
   unsigned event_prio;         // RCACHE_MEM_PRIO
   double overhead;             // RCACHE_OVERHEAD, seconds
   int purge_on_fork;           // RCACHE_PURGE_ON_FORK
-  unsigned cuda_free_mode;     // CUDA_FREE_MODE
-  unsigned dmabuf;             // DMABUF
+  unsigned cuda_free_mode;     // CUDA_FREE_MODE (memtype::FreeMode)
+  unsigned dmabuf;             // DMABUF (DmabufPolicy)
+  unsigned cuda_managed;       // CUDA_MANAGED (ManagedPolicy)
   int print_stats;             // PRINT_STATS
 };
+
+// The enum values of a validated config.
+memtype::FreeMode freeMode(const MdConfig& config) noexcept;
+DmabufPolicy dmabufPolicy(const MdConfig& config) noexcept;
+ManagedPolicy managedPolicy(const MdConfig& config) noexcept;
 
 // The table handed to UCX (prefix "GMD_": variables are UCX_GMD_<NAME>).
 extern ucs_config_field_t kMdConfigTable[];
 inline constexpr const char* kConfigPrefix = "GMD_";
 
-// Checks values that parsed but are out of range. On failure returns UCS_ERR_INVALID_PARAM and puts a
-// message naming the UCX_GMD_* variable into *error.
+// Checks values that parsed but make no sense (zero where meaningless, negative, "auto" where there
+// is no automatic choice, beyond a limit). On failure returns UCS_ERR_INVALID_PARAM and puts one
+// line into *error: the UCX_GMD_* variable, its value, and what is accepted.
 ucs_status_t validate(const MdConfig& config, std::string* error);
 
 // The cache limits the configuration asks for (validate() first).
 rcache::Config cacheConfig(const MdConfig& config);
-
-
 }  // namespace gmd::md

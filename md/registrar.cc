@@ -9,6 +9,11 @@
 
 namespace gmd::md {
 
+const char* kManagedPolicyNames[] = {"refuse", "host-pages", nullptr};
+static_assert(static_cast<unsigned>(ManagedPolicy::kRefuse) == 0 &&
+                  static_cast<unsigned>(ManagedPolicy::kHostPages) == 1,
+              "ManagedPolicy values index kManagedPolicyNames");
+
 struct Registrar::Lookup {
   Registrar* self;
   memtype::Info info{};
@@ -31,17 +36,15 @@ Registrar::~Registrar() {
 
 ucs_status_t Registrar::reg(void* address, std::size_t length, unsigned flags,
                             uct_mem_h* memh_p) noexcept {
-  const ucs_log_level_t level =
-      (flags & UCT_MD_MEM_FLAG_HIDE_ERRORS) ? UCS_LOG_LEVEL_DIAG : UCS_LOG_LEVEL_ERROR;
   const auto start = reinterpret_cast<std::uintptr_t>(address);
   if (address == nullptr || length == 0 || start + length < start) {
-    ucs_log(level, "gmd %s: mem_reg(address=%p length=%zu): invalid range", name_.c_str(), address,
-            length);
+    ucs_debug("gmd %s: mem_reg(address=%p length=%zu): invalid range", name_.c_str(), address,
+              length);
     return UCS_ERR_INVALID_PARAM;
   }
   if ((flags & ~kKnownMemFlags) != 0 || (flags & UCT_MD_MEM_ACCESS_ALL) == 0) {
-    ucs_log(level, "gmd %s: mem_reg(address=%p length=%zu): invalid flags 0x%x", name_.c_str(),
-            address, length, flags);
+    ucs_debug("gmd %s: mem_reg(address=%p length=%zu): invalid flags 0x%x", name_.c_str(), address,
+              length, flags);
     return UCS_ERR_INVALID_PARAM;
   }
 
@@ -66,10 +69,16 @@ ucs_status_t Registrar::reg(void* address, std::size_t length, unsigned flags,
     st = cache_->get(address, length, access, resolver, &region);
   }
   if (!st.ok()) {
-    if (lookup.no_backend) {
-      ucs_log(level, "gmd %s: mem_reg(address=%p length=%zu): %s memory cannot be registered here",
-              name_.c_str(), address, length, memTypeName(lookup.info.type));
+    if (lookup.no_backend || st.status == Status::kInvalidParam) {
+      // The caller's mistake: memory of a type this MD does not advertise, or a request the cache
+      // refused as malformed.
+      ucs_debug(
+          "gmd %s: mem_reg(address=%p length=%zu %s): %s", name_.c_str(), address, length,
+          memTypeName(lookup.info.type),
+          lookup.no_backend ? "memory cannot be registered here" : rcache::statusString(st.status));
     } else {
+      const ucs_log_level_t level =
+          (flags & UCT_MD_MEM_FLAG_HIDE_ERRORS) ? UCS_LOG_LEVEL_DIAG : UCS_LOG_LEVEL_ERROR;
       ucs_log(level, "gmd %s: mem_reg(address=%p length=%zu %s): %s%s%s", name_.c_str(), address,
               length, memTypeName(lookup.info.type), rcache::statusString(st.status),
               st.error != 0 ? ": " : "", st.error != 0 ? std::strerror(st.error) : "");
@@ -87,9 +96,10 @@ rcache::Backend* Registrar::backendFor(MemType type) const noexcept {
     case MemType::kCuda:
       return cuda_.get();
     case MemType::kCudaManaged:
-      // Managed pages migrate between host and device under the registration's feet: refused, so
-      // UCX stages them through registered host buffers (docs/memtype.md, "Managed memory").
-      return nullptr;
+      // Managed pages migrate between host and device under the registration's feet: refused by
+      // default, so UCX stages them through registered host buffers; under host-pages registered
+      // as host memory (docs/memtype.md, "Managed memory").
+      return managed_ == ManagedPolicy::kHostPages ? host_.get() : nullptr;
   }
   return nullptr;
 }
@@ -113,24 +123,27 @@ rcache::Resolution Registrar::resolve(void* ctx, const void* address, std::size_
 ucs_status_t Registrar::dereg(const ucx::DeregParams* params) noexcept {
   if (params == nullptr || !(params->field_mask & ucx::kDeregFieldMemh) ||
       params->memh == nullptr) {
-    ucs_error("gmd %s: mem_dereg without a memory handle", name_.c_str());
+    ucs_debug("gmd %s: mem_dereg without a memory handle", name_.c_str());
     return UCS_ERR_INVALID_PARAM;
   }
   auto* region = static_cast<rcache::Region*>(params->memh);
   const unsigned flags = (params->field_mask & ucx::kDeregFieldFlags) ? params->flags : 0u;
   if ((flags & ~ucx::kDeregFlagInvalidate) != 0) {
-    ucs_error("gmd %s: mem_dereg: unknown flags 0x%x", name_.c_str(), flags);
+    ucs_debug("gmd %s: mem_dereg: unknown flags 0x%x", name_.c_str(), flags);
     return UCS_ERR_INVALID_PARAM;
   }
   if (flags & ucx::kDeregFlagInvalidate) {
     uct_completion_t* comp =
         (params->field_mask & ucx::kDeregFieldCompletion) ? params->comp : nullptr;
     if (comp == nullptr) {
-      ucs_error("gmd %s: mem_dereg(INVALIDATE) without a completion", name_.c_str());
+      ucs_debug("gmd %s: mem_dereg(INVALIDATE) without a completion", name_.c_str());
       return UCS_ERR_INVALID_PARAM;
     }
     auto* backend = static_cast<CompletingBackend*>(region->backend());
-    if (!backend->addCompletion(region->registration(), comp)) return UCS_ERR_NO_MEMORY;
+    if (!backend->addCompletion(region->registration(), comp)) {
+      ucs_error("gmd %s: mem_dereg(INVALIDATE): no memory to queue the completion", name_.c_str());
+      return UCS_ERR_NO_MEMORY;
+    }
     // Every region over this range leaves the cache: no later lookup hands out this rkey again.
     cache_->invalidate(reinterpret_cast<const void*>(region->start()), region->length());
   }

@@ -1,7 +1,9 @@
 #include "md/verbs_backend.h"
 
 #include <cerrno>
+#include <cstring>
 
+#include "common/log.h"
 #include "md/mapping.h"
 
 namespace gmd::md {
@@ -14,18 +16,40 @@ void complete(uct_completion_t* comp, ucs_status_t status) {
 
 }  // namespace
 
+ibv_mr* SystemVerbsOps::regMr(ibv_pd* pd, void* addr, std::size_t length, int access) noexcept {
+  return ibv_reg_mr(pd, addr, length, access);
+}
+
+int SystemVerbsOps::deregMr(ibv_mr* mr) noexcept { return ibv_dereg_mr(mr); }
+
+SystemVerbsOps& systemVerbsOps() noexcept {
+  static SystemVerbsOps ops;
+  return ops;
+}
+
 Result VerbsBackend::reg(std::uintptr_t start, std::size_t length, unsigned access,
                          MemoryKind /*memory*/, rcache::Registration* out) noexcept {
-  ibv_mr* mr = ibv_reg_mr(pd_, reinterpret_cast<void*>(start), length, toVerbsAccess(access));
-  if (mr == nullptr) return Result::fromErrno(errno);
+  if (length == 0 || out == nullptr || start + length < start ||
+      (access & ~static_cast<unsigned>(rcache::kAccessAll)) != 0) {
+    return Status::kInvalidParam;
+  }
+  errno = 0;
+  ibv_mr* mr = ops_->regMr(pd_, reinterpret_cast<void*>(start), length, toVerbsAccess(access));
+  if (mr == nullptr) return Result::fromErrno(errno != 0 ? errno : EIO);
+  registrations_.fetch_add(1, std::memory_order_relaxed);
   out->handle = mr;
   out->lkey = mr->lkey;
   out->rkey = mr->rkey;
-  return rcache::Status::kOk;
+  return Status::kOk;
 }
 
+// A failed deregistration is a system failure the cache cannot act on: logged here, once.
 void VerbsBackend::dereg(const rcache::Registration& reg) noexcept {
-  ibv_dereg_mr(static_cast<ibv_mr*>(reg.handle));
+  auto* mr = static_cast<ibv_mr*>(reg.handle);
+  if (mr == nullptr) return;
+  if (const int err = ops_->deregMr(mr); err != 0) {
+    log(LogLevel::kError, "md", "ibv_dereg_mr failed: %s", std::strerror(err));
+  }
 }
 
 CompletingBackend::~CompletingBackend() {

@@ -1,8 +1,8 @@
 // Internal to memtype/: the CUDA driver entry points gmd calls, loaded at run time.
 //
 // The table holds the driver's own functions (resolved before any hook is installed), so calls made
-// through it never re-enter gmd's hooks. md/ does not include this header; memtype/gpudirect.cc and
-// the tests do.
+// through it never re-enter gmd's hooks. Outside memtype/, only md/gpudirect.cc (the dma-buf
+// export) and the tests include it.
 //
 // Thread safety: driver() loads once (first caller does the work, others wait) and then returns the
 // same immutable table.

@@ -17,26 +17,16 @@
 
 namespace gmd::memtype {
 
-const char* freeModeName(FreeMode m) noexcept {
-  switch (m) {
-    case FreeMode::kHooks: return "hooks";
-    case FreeMode::kValidate: return "validate";
-    case FreeMode::kOff: return "off";
-    case FreeMode::kHooksAndValidate: return "both";
-  }
-  return "unknown";
-}
+const char* kFreeModeNames[] = {"hooks", "validate", "off", "both", nullptr};
+static_assert(static_cast<unsigned>(FreeMode::kHooks) == 0 &&
+                  static_cast<unsigned>(FreeMode::kValidate) == 1 &&
+                  static_cast<unsigned>(FreeMode::kOff) == 2 &&
+                  static_cast<unsigned>(FreeMode::kHooksAndValidate) == 3,
+              "FreeMode values index kFreeModeNames");
 
-bool parseFreeMode(const char* text, FreeMode* out) noexcept {
-  if (text == nullptr) return false;
-  for (FreeMode m : {FreeMode::kHooks, FreeMode::kValidate, FreeMode::kOff,
-                     FreeMode::kHooksAndValidate}) {
-    if (std::strcmp(text, freeModeName(m)) == 0) {
-      *out = m;
-      return true;
-    }
-  }
-  return false;
+const char* freeModeName(FreeMode m) noexcept {
+  const auto i = static_cast<unsigned>(m);
+  return i < 4 ? kFreeModeNames[i] : "unknown";
 }
 
 namespace {

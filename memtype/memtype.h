@@ -34,16 +34,16 @@ struct Info {
   std::uint64_t buffer_id = 0; // CU_POINTER_ATTRIBUTE_BUFFER_ID, 0 when unknown
 };
 
-// How CUDA frees are noticed.
+// How CUDA frees are noticed. The values index kFreeModeNames, which is also the table md/'s
+// UCX_GMD_CUDA_FREE_MODE is parsed with (the parser stores the index: no name round trip).
 enum class FreeMode : std::uint8_t {
-  kHooks,       // intercept the driver's free entry points (default)
-  kValidate,    // check the buffer ID on each lookup instead of hooking
-  kOff,         // neither (unsafe; for experiments)
-  kHooksAndValidate,  // hooks, plus the buffer-ID check on each hit (catches frees the hooks missed)
+  kHooks = 0,             // intercept the driver's free entry points (default)
+  kValidate = 1,          // check the buffer ID on each lookup instead of hooking
+  kOff = 2,               // neither (unsafe; for experiments)
+  kHooksAndValidate = 3,  // hooks, plus the buffer-ID check on each hit (catches missed frees)
 };
+extern const char* kFreeModeNames[];  // "hooks", "validate", "off", "both", nullptr
 const char* freeModeName(FreeMode m) noexcept;
-// Parses "hooks", "validate", "off", "both"; returns false (and leaves *out) on anything else.
-bool parseFreeMode(const char* text, FreeMode* out) noexcept;
 
 using FreeCallback = void (*)(void* arg, std::uintptr_t start, std::size_t length);
 

@@ -1,54 +1,48 @@
-#include "memtype/gpudirect.h"
+#include "md/gpudirect.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
+#include "common/log.h"
+#include "common/range.h"
+#include "md/mapping.h"
 #include "memtype/cuda_driver.h"
+#include "memtype/memtype.h"
 
 #ifndef GMD_HAVE_IBV_DMABUF
 #define GMD_HAVE_IBV_DMABUF 0
 #endif
 
-namespace gmd::memtype {
+namespace gmd::md {
 
-using rcache::Status;
-
-const char* dmabufPolicyName(DmabufPolicy p) noexcept {
-  switch (p) {
-    case DmabufPolicy::kTry: return "try";
-    case DmabufPolicy::kOn: return "on";
-    case DmabufPolicy::kOff: return "off";
-  }
-  return "unknown";
-}
-
-bool parseDmabufPolicy(const char* text, DmabufPolicy* out) noexcept {
-  if (text == nullptr) return false;
-  for (DmabufPolicy p : {DmabufPolicy::kTry, DmabufPolicy::kOn, DmabufPolicy::kOff}) {
-    if (std::strcmp(text, dmabufPolicyName(p)) == 0) {
-      *out = p;
-      return true;
-    }
-  }
-  return false;
-}
+const char* kDmabufPolicyNames[] = {"try", "on", "off", nullptr};
+static_assert(static_cast<unsigned>(DmabufPolicy::kTry) == 0 &&
+                  static_cast<unsigned>(DmabufPolicy::kOn) == 1 &&
+                  static_cast<unsigned>(DmabufPolicy::kOff) == 2,
+              "DmabufPolicy values index kDmabufPolicyNames");
 
 const char* gpuDirectMethodName(GpuDirectMethod m) noexcept {
   switch (m) {
-    case GpuDirectMethod::kUnknown: return "unknown";
-    case GpuDirectMethod::kDmabuf: return "dma-buf";
-    case GpuDirectMethod::kPeerMem: return "peer-memory";
-    case GpuDirectMethod::kUnsupported: return "unsupported";
+    case GpuDirectMethod::kUnknown:
+      return "unknown";
+    case GpuDirectMethod::kDmabuf:
+      return "dma-buf";
+    case GpuDirectMethod::kPeerMem:
+      return "peer-memory";
+    case GpuDirectMethod::kUnsupported:
+      return "unsupported";
   }
   return "unknown";
 }
 
-// --- SystemGpuDirectOps ---------------------------------------------------------------------------
+// --- SystemGpuDirectOps
+// ---------------------------------------------------------------------------
 
 ibv_mr* SystemGpuDirectOps::regMr(ibv_pd* pd, void* addr, std::size_t length, int access) noexcept {
-  return ibv_reg_mr(pd, addr, length, access);
+  return systemVerbsOps().regMr(pd, addr, length, access);
 }
 
 ibv_mr* SystemGpuDirectOps::regDmabufMr(ibv_pd* pd, std::uint64_t offset, std::size_t length,
@@ -62,14 +56,14 @@ ibv_mr* SystemGpuDirectOps::regDmabufMr(ibv_pd* pd, std::uint64_t offset, std::s
 #endif
 }
 
-int SystemGpuDirectOps::deregMr(ibv_mr* mr) noexcept { return ibv_dereg_mr(mr); }
+int SystemGpuDirectOps::deregMr(ibv_mr* mr) noexcept { return systemVerbsOps().deregMr(mr); }
 
 bool SystemGpuDirectOps::pathExists(const char* path) noexcept { return access(path, F_OK) == 0; }
 
 bool SystemGpuDirectOps::verbsHasDmabuf() noexcept { return GMD_HAVE_IBV_DMABUF != 0; }
 
 bool SystemGpuDirectOps::deviceHasDmabuf(int device) noexcept {
-  const detail::DriverApi* api = detail::driver();
+  const memtype::detail::DriverApi* api = memtype::detail::driver();
   if (api == nullptr || api->memGetHandleForAddressRange == nullptr) return false;
   int value = 0;
   constexpr int kAttrDmabufSupported = 124;  // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
@@ -78,33 +72,26 @@ bool SystemGpuDirectOps::deviceHasDmabuf(int device) noexcept {
 
 int SystemGpuDirectOps::exportDmabuf(std::uintptr_t start, std::size_t length, bool pcie,
                                      int* fd) noexcept {
-  const detail::DriverApi* api = detail::driver();
-  constexpr int kNotSupported = 801;     // CUDA_ERROR_NOT_SUPPORTED
-  constexpr int kHandleTypeDmabuf = 1;   // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
+  const memtype::detail::DriverApi* api = memtype::detail::driver();
+  constexpr int kNotSupported = 801;       // CUDA_ERROR_NOT_SUPPORTED
+  constexpr int kHandleTypeDmabuf = 1;     // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
   constexpr unsigned long long kPcie = 1;  // CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE
   if (api == nullptr || api->memGetHandleForAddressRange == nullptr) return kNotSupported;
   int out = -1;
-  const int r = api->memGetHandleForAddressRange(&out, start, length, kHandleTypeDmabuf,
-                                                 pcie ? kPcie : 0);
+  const int r =
+      api->memGetHandleForAddressRange(&out, start, length, kHandleTypeDmabuf, pcie ? kPcie : 0);
   if (r == 0) *fd = out;
   return r;
 }
 
 void SystemGpuDirectOps::closeFd(int fd) noexcept { close(fd); }
 
-// --- GpuDirectBackend -----------------------------------------------------------------------------
+// --- GpuDirectBackend
+// -----------------------------------------------------------------------------
 
 namespace {
 
-int verbsAccess(unsigned access) noexcept {
-  int a = 0;
-  if (access & rcache::kAccessLocalWrite) a |= IBV_ACCESS_LOCAL_WRITE;
-  if (access & rcache::kAccessRemoteRead) a |= IBV_ACCESS_REMOTE_READ;
-  // Verbs requires local write with remote write or atomics.
-  if (access & rcache::kAccessRemoteWrite) a |= IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
-  if (access & rcache::kAccessRemoteAtomic) a |= IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_LOCAL_WRITE;
-  return a;
-}
+constexpr const char* kModule = "md";
 
 bool isResource(Status s) noexcept { return s == Status::kNoResource; }
 
@@ -136,7 +123,7 @@ bool GpuDirectBackend::peerMemLoaded() noexcept {
 }
 
 GpuDirectMethod GpuDirectBackend::probe(int device) noexcept {
-  if (device < 0 || device >= kMaxDevices || !Classifier::instance().cudaAvailable()) {
+  if (device < 0 || device >= kMaxDevices || !memtype::Classifier::instance().cudaAvailable()) {
     return GpuDirectMethod::kUnsupported;
   }
   const bool dmabuf = config_.dmabuf != DmabufPolicy::kOff && ops_->verbsHasDmabuf() &&
@@ -145,9 +132,8 @@ GpuDirectMethod GpuDirectBackend::probe(int device) noexcept {
   const GpuDirectMethod m = dmabuf    ? GpuDirectMethod::kDmabuf
                             : peermem ? GpuDirectMethod::kPeerMem
                                       : GpuDirectMethod::kUnsupported;
-  log(LogLevel::kDebug, detail::kLogModule,
-      "GPUDirect on CUDA device %d: %s (dma-buf policy %s%s%s)", device, gpuDirectMethodName(m),
-      dmabufPolicyName(config_.dmabuf),
+  log(LogLevel::kDebug, kModule, "GPUDirect on CUDA device %d: %s (dma-buf policy %s%s%s)", device,
+      gpuDirectMethodName(m), kDmabufPolicyNames[static_cast<unsigned>(config_.dmabuf)],
       ops_->verbsHasDmabuf() ? "" : ", libibverbs without dma-buf",
       peermem ? ", peer memory loaded" : "");
   return m;
@@ -167,7 +153,7 @@ GpuDirectMethod GpuDirectBackend::method(int device) noexcept {
 }
 
 bool GpuDirectBackend::cudaSupported() noexcept {
-  const int n = Classifier::instance().deviceCount();
+  const int n = memtype::Classifier::instance().deviceCount();
   if (n <= 0) return false;
   for (int d = 0; d < n && d < kMaxDevices; ++d) {
     if (method(d) == GpuDirectMethod::kUnsupported) return false;
@@ -175,31 +161,22 @@ bool GpuDirectBackend::cudaSupported() noexcept {
   return true;
 }
 
-bool GpuDirectBackend::managedSupported() noexcept {
-  return config_.managed == ManagedPolicy::kHostPages && Classifier::instance().cudaAvailable();
-}
-
-Result GpuDirectBackend::regPlain(std::uintptr_t start, std::size_t length, int access,
-                                  ibv_mr** mr) noexcept {
+// ibv_reg_mr on the device pointer (peer memory). Failures carry their errno; the registrar logs.
+Result GpuDirectBackend::regPeerMem(std::uintptr_t start, std::size_t length, int access,
+                                    ibv_mr** mr) noexcept {
   errno = 0;
   ibv_mr* m = ops_->regMr(pd_, reinterpret_cast<void*>(start), length, access);
-  if (m == nullptr) {
-    const int err = errno != 0 ? errno : EIO;
-    const Result s = Result::fromErrno(err);
-    log(isResource(s) ? LogLevel::kDebug : LogLevel::kError, detail::kLogModule,
-        "ibv_reg_mr(%#lx, %zu) failed: %s", static_cast<unsigned long>(start), length,
-        std::strerror(err));
-    return s;
-  }
+  if (m == nullptr) return Result::fromErrno(errno != 0 ? errno : EIO);
   *mr = m;
   return Status::kOk;
 }
 
 Result GpuDirectBackend::regDmabuf(std::uintptr_t start, std::size_t length, int access, int device,
                                    ibv_mr** mr) noexcept {
-  const std::uintptr_t ps = pageSize();
-  const std::uintptr_t aligned = start & ~(ps - 1);
-  const std::size_t aligned_len = ((start + length + ps - 1) & ~(ps - 1)) - aligned;
+  Range pages;
+  if (!alignOutwards(start, length, pageSize(), &pages)) return Status::kInvalidParam;
+  const std::uintptr_t aligned = pages.start;
+  const std::size_t aligned_len = pages.length();
   int last_err = 0;
   int cu_err = 0;
   // The PCIe mapping flag first unless this device already rejected it, then a plain export.
@@ -229,12 +206,11 @@ Result GpuDirectBackend::regDmabuf(std::uintptr_t start, std::size_t length, int
     if (pcie) pcie_flag_[device].store(0, std::memory_order_relaxed);
   }
   if (last_err == 0) {
-    log(LogLevel::kDebug, detail::kLogModule,
-        "cuMemGetHandleForAddressRange(%#lx, %zu) failed (%d)", static_cast<unsigned long>(aligned),
-        aligned_len, cu_err);
+    log(LogLevel::kDebug, kModule, "cuMemGetHandleForAddressRange(%#lx, %zu) failed (%d)",
+        static_cast<unsigned long>(aligned), aligned_len, cu_err);
     return Status::kUnsupported;
   }
-  log(LogLevel::kDebug, detail::kLogModule, "ibv_reg_dmabuf_mr(%#lx, %zu) failed: %s",
+  log(LogLevel::kDebug, kModule, "ibv_reg_dmabuf_mr(%#lx, %zu) failed: %s",
       static_cast<unsigned long>(start), length, std::strerror(last_err));
   const Status s = statusFromErrno(last_err);
   return Result(s == Status::kUnsupported ? s : Status::kIoError, last_err);
@@ -254,26 +230,27 @@ Result GpuDirectBackend::regDevice(std::uintptr_t start, std::size_t length, int
       GpuDirectMethod expected = GpuDirectMethod::kDmabuf;
       if (methods_[device].compare_exchange_strong(expected, GpuDirectMethod::kPeerMem)) {
         demotions_.fetch_add(1, std::memory_order_relaxed);
-        log(LogLevel::kInfo, detail::kLogModule,
+        log(LogLevel::kInfo, kModule,
             "dma-buf registration failed on CUDA device %d (%s): using peer memory", device,
-            rcache::statusString(s));
+            statusString(s.status));
       }
       m = GpuDirectMethod::kPeerMem;
     } else {
-      log(LogLevel::kError, detail::kLogModule,
+      // The registrar reports the failure (with its errno), once.
+      log(LogLevel::kDebug, kModule,
           "dma-buf registration of %#lx+%zu on CUDA device %d failed: %s",
-          static_cast<unsigned long>(start), length, device, rcache::statusString(s));
+          static_cast<unsigned long>(start), length, device, statusString(s.status));
       return s;
     }
   }
   if (m == GpuDirectMethod::kPeerMem) {
-    const Result s = regPlain(start, length, access, &mr);
+    const Result s = regPeerMem(start, length, access, &mr);
     if (!s.ok()) return s;
     peermem_regs_.fetch_add(1, std::memory_order_relaxed);
   }
   if (mr == nullptr) {
     unsupported_.fetch_add(1, std::memory_order_relaxed);
-    log(LogLevel::kDebug, detail::kLogModule, "no GPUDirect method on CUDA device %d", device);
+    log(LogLevel::kDebug, kModule, "no GPUDirect method on CUDA device %d", device);
     return Status::kUnsupported;
   }
   out->handle = mr;
@@ -284,44 +261,24 @@ Result GpuDirectBackend::regDevice(std::uintptr_t start, std::size_t length, int
 
 Result GpuDirectBackend::reg(std::uintptr_t start, std::size_t length, unsigned access,
                              MemoryKind memory, rcache::Registration* out) noexcept {
-  const MemType type = memory.type;
-  if (length == 0 || out == nullptr || start + length < start || (access & ~rcache::kAccessAll)) {
+  if (length == 0 || out == nullptr || start + length < start ||
+      (access & ~static_cast<unsigned>(rcache::kAccessAll)) != 0) {
     return Status::kInvalidParam;
   }
-  const int vaccess = verbsAccess(access);
-  switch (type) {
-    case MemType::kCudaManaged:
-      if (config_.managed != ManagedPolicy::kHostPages) {
-        unsupported_.fetch_add(1, std::memory_order_relaxed);
-        log(LogLevel::kDebug, detail::kLogModule,
-            "managed memory %#lx+%zu not registered (policy refuse)",
-            static_cast<unsigned long>(start), length);
-        return Status::kUnsupported;
-      }
-      [[fallthrough]];  // kHostPages: registered as the host pages it is backed by
-    case MemType::kHost: {
-      ibv_mr* mr = nullptr;
-      const Result s = regPlain(start, length, vaccess, &mr);
-      if (!s.ok()) return s;
-      host_regs_.fetch_add(1, std::memory_order_relaxed);
-      out->handle = mr;
-      out->lkey = mr->lkey;
-      out->rkey = mr->rkey;
-      return Status::kOk;
-    }
-    case MemType::kCuda: {
-      if (memory.device >= 0) return regDevice(start, length, vaccess, memory.device, out);
-      const Info info = Classifier::instance().classify(reinterpret_cast<const void*>(start), length);
-      if (info.type != MemType::kCuda) {
-        unsupported_.fetch_add(1, std::memory_order_relaxed);
-        log(LogLevel::kDebug, detail::kLogModule, "%#lx is not CUDA device memory here",
-            static_cast<unsigned long>(start));
-        return Status::kUnsupported;
-      }
-      return regDevice(start, length, vaccess, info.device < 0 ? 0 : info.device, out);
-    }
+  int device = memory.device;
+  if (memory.type == MemType::kCuda && device < 0) {
+    const memtype::Info info =
+        memtype::Classifier::instance().classify(reinterpret_cast<const void*>(start), length);
+    device = info.type == MemType::kCuda ? std::max(info.device, 0) : -1;
   }
-  return Status::kInvalidParam;
+  if (memory.type != MemType::kCuda || device < 0) {
+    // Host pages are VerbsBackend's; managed memory is the registrar's policy decision.
+    unsupported_.fetch_add(1, std::memory_order_relaxed);
+    log(LogLevel::kDebug, kModule, "%#lx+%zu (%s) is not CUDA device memory here",
+        static_cast<unsigned long>(start), length, memTypeName(memory.type));
+    return Status::kUnsupported;
+  }
+  return regDevice(start, length, toVerbsAccess(access), device, out);
 }
 
 void GpuDirectBackend::dereg(const rcache::Registration& reg) noexcept {
@@ -329,13 +286,12 @@ void GpuDirectBackend::dereg(const rcache::Registration& reg) noexcept {
   if (mr == nullptr) return;
   const int err = ops_->deregMr(mr);
   if (err != 0) {
-    log(LogLevel::kError, detail::kLogModule, "ibv_dereg_mr failed: %s", std::strerror(err));
+    log(LogLevel::kError, kModule, "ibv_dereg_mr failed: %s", std::strerror(err));
   }
 }
 
 GpuDirectStats GpuDirectBackend::stats() const noexcept {
   GpuDirectStats s;
-  s.host_regs = host_regs_.load(std::memory_order_relaxed);
   s.dmabuf_regs = dmabuf_regs_.load(std::memory_order_relaxed);
   s.peermem_regs = peermem_regs_.load(std::memory_order_relaxed);
   s.unsupported = unsupported_.load(std::memory_order_relaxed);
@@ -343,4 +299,4 @@ GpuDirectStats GpuDirectBackend::stats() const noexcept {
   return s;
 }
 
-}  // namespace gmd::memtype
+}  // namespace gmd::md

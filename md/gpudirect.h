@@ -1,20 +1,24 @@
-// GPUDirect RDMA registration backend: registers host and CUDA memory with a verbs protection domain.
+// GPUDirect RDMA: registers CUDA device memory with the MD's verbs protection domain. It lives with
+// the MD that owns the protection domain; host pages go through VerbsBackend (md/verbs_backend.h),
+// and memtype/ only classifies (the registrar's resolver hands the device on, so nothing is
+// classified twice).
 //
-// For device memory, per device, in this order (the first that the device and the system support is
-// chosen once and remembered; a dma-buf registration that fails for a reason other than resources
-// demotes the device to peer memory for good, if the policy allows):
-//   1. dma-buf: cuMemGetHandleForAddressRange on the page-aligned range (with the PCIe mapping flag,
+// Per device, in this order (the first that the device and the system support is chosen once and
+// remembered; a dma-buf registration that fails for a reason other than resources demotes the
+// device to peer memory for good, if the policy allows):
+//   1. dma-buf: cuMemGetHandleForAddressRange on the page-aligned range (with the PCIe mapping
+//   flag,
 //      then without) gives an fd; ibv_reg_dmabuf_mr(offset, length, iova = device address, fd); the
 //      fd is closed right after, the MR keeps its own reference.
 //   2. peer memory: ibv_reg_mr on the device pointer, when a peer-memory kernel module is loaded
 //      (/sys/module/nvidia_peermem, /sys/kernel/mm/memory_peers/nv_mem, /sys/module/nv_peer_mem).
 //   3. neither: kUnsupported, and cudaSupported() is false, so the MD leaves CUDA out of
 //      reg_mem_types.
-// Host memory is registered with ibv_reg_mr. Managed memory follows ManagedPolicy (default refuse).
+// Host and managed memory are not this backend's: kUnsupported.
 //
 // Thread safety: reg()/dereg() may run concurrently on any thread (per-device probe results are
-// atomics; the worst race is two threads probing the same device once each). The backend never calls
-// into a registration cache.
+// atomics; the worst race is two threads probing the same device once each). The backend never
+// calls into a registration cache.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -23,48 +27,39 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "memtype/memtype.h"
+#include "md/verbs_backend.h"
 #include "rcache/rcache.h"
 
-namespace gmd::memtype {
+namespace gmd::md {
 
-// Whether device memory is registered through dma-buf.
-enum class DmabufPolicy : std::uint8_t {
-  kTry,  // dma-buf when the device and libibverbs support it, else peer memory (default)
-  kOn,   // dma-buf only: never fall back to peer memory
-  kOff,  // never dma-buf: peer memory only
+// Whether device memory is registered through dma-buf (UCX_GMD_DMABUF; the values are the indices
+// of kDmabufPolicyNames, which UCX's parser fills in directly).
+enum class DmabufPolicy : unsigned {
+  kTry = 0,  // dma-buf when the device and libibverbs support it, else peer memory (default)
+  kOn = 1,   // dma-buf only: never fall back to peer memory
+  kOff = 2,  // never dma-buf: peer memory only
 };
-const char* dmabufPolicyName(DmabufPolicy p) noexcept;
-bool parseDmabufPolicy(const char* text, DmabufPolicy* out) noexcept;  // "try", "on", "off"
-
-// What to do with CUDA managed memory (it migrates between host and device on access).
-enum class ManagedPolicy : std::uint8_t {
-  kRefuse,     // kUnsupported: the MD leaves cuda-managed out of reg_mem_types (default, safe)
-  kHostPages,  // ibv_reg_mr on the virtual range (pins and migrates pages to the host; see docs)
-};
+extern const char* kDmabufPolicyNames[];  // "try", "on", "off", nullptr
 
 enum class GpuDirectMethod : std::uint8_t { kUnknown, kDmabuf, kPeerMem, kUnsupported };
 const char* gpuDirectMethodName(GpuDirectMethod m) noexcept;
 
 struct GpuDirectConfig {
   DmabufPolicy dmabuf = DmabufPolicy::kTry;
-  ManagedPolicy managed = ManagedPolicy::kRefuse;
 };
 
-// The backend's effects on the world, injectable for tests. Failing calls set errno (verbs) or
-// return a nonzero CUresult (driver).
-class GpuDirectOps {
+// The backend's effects on the world, injectable for tests: the verbs calls (VerbsOps), sysfs and
+// the CUDA driver. Failing verbs calls set errno; driver calls return a nonzero CUresult.
+class GpuDirectOps : public VerbsOps {
  public:
-  virtual ~GpuDirectOps() = default;
-  virtual ibv_mr* regMr(ibv_pd* pd, void* addr, std::size_t length, int access) noexcept = 0;
   virtual ibv_mr* regDmabufMr(ibv_pd* pd, std::uint64_t offset, std::size_t length,
                               std::uint64_t iova, int fd, int access) noexcept = 0;
-  virtual int deregMr(ibv_mr* mr) noexcept = 0;  // 0 or an errno value
   virtual bool pathExists(const char* path) noexcept = 0;
-  virtual bool verbsHasDmabuf() noexcept = 0;            // libibverbs has ibv_reg_dmabuf_mr
+  virtual bool verbsHasDmabuf() noexcept = 0;             // libibverbs has ibv_reg_dmabuf_mr
   virtual bool deviceHasDmabuf(int device) noexcept = 0;  // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
   // cuMemGetHandleForAddressRange(DMA_BUF_FD) on a page-aligned range; 0 and *fd, or a CUresult.
-  virtual int exportDmabuf(std::uintptr_t start, std::size_t length, bool pcie, int* fd) noexcept = 0;
+  virtual int exportDmabuf(std::uintptr_t start, std::size_t length, bool pcie,
+                           int* fd) noexcept = 0;
   virtual void closeFd(int fd) noexcept = 0;
 };
 
@@ -72,9 +67,9 @@ class GpuDirectOps {
 class SystemGpuDirectOps : public GpuDirectOps {
  public:
   ibv_mr* regMr(ibv_pd* pd, void* addr, std::size_t length, int access) noexcept override;
+  int deregMr(ibv_mr* mr) noexcept override;
   ibv_mr* regDmabufMr(ibv_pd* pd, std::uint64_t offset, std::size_t length, std::uint64_t iova,
                       int fd, int access) noexcept override;
-  int deregMr(ibv_mr* mr) noexcept override;
   bool pathExists(const char* path) noexcept override;
   bool verbsHasDmabuf() noexcept override;
   bool deviceHasDmabuf(int device) noexcept override;
@@ -83,11 +78,10 @@ class SystemGpuDirectOps : public GpuDirectOps {
 };
 
 struct GpuDirectStats {
-  std::uint64_t host_regs = 0;
   std::uint64_t dmabuf_regs = 0;
   std::uint64_t peermem_regs = 0;
-  std::uint64_t unsupported = 0;        // device/managed requests refused
-  std::uint64_t dmabuf_demotions = 0;   // devices moved from dma-buf to peer memory
+  std::uint64_t unsupported = 0;       // requests refused (no method, not device memory)
+  std::uint64_t dmabuf_demotions = 0;  // devices moved from dma-buf to peer memory
 };
 
 class GpuDirectBackend final : public rcache::Backend {
@@ -98,8 +92,8 @@ class GpuDirectBackend final : public rcache::Backend {
   explicit GpuDirectBackend(ibv_pd* pd, const GpuDirectConfig& config = {},
                             GpuDirectOps* ops = nullptr) noexcept;
 
-  // memory.device: the CUDA device of kCuda memory when the caller knows it (it is classified
-  // here otherwise).
+  // memory.device: the CUDA device of kCuda memory as the registrar's classification found it
+  // (classified here when the caller passes -1).
   Result reg(std::uintptr_t start, std::size_t length, unsigned access, MemoryKind memory,
              rcache::Registration* out) noexcept override;
   void dereg(const rcache::Registration& reg) noexcept override;
@@ -108,8 +102,6 @@ class GpuDirectBackend final : public rcache::Backend {
   // Whether the MD may advertise CUDA in reg_mem_types: a driver with devices, and every device has
   // a method other than kUnsupported. Probes each device once.
   bool cudaSupported() noexcept;
-  // Whether cuda-managed may be advertised (ManagedPolicy::kHostPages and CUDA present).
-  bool managedSupported() noexcept;
   // The method chosen for `device` (probing it on first use).
   GpuDirectMethod method(int device) noexcept;
   const GpuDirectConfig& config() const noexcept { return config_; }
@@ -122,7 +114,7 @@ class GpuDirectBackend final : public rcache::Backend {
                    rcache::Registration* out) noexcept;
   Result regDmabuf(std::uintptr_t start, std::size_t length, int access, int device,
                    ibv_mr** mr) noexcept;
-  Result regPlain(std::uintptr_t start, std::size_t length, int access, ibv_mr** mr) noexcept;
+  Result regPeerMem(std::uintptr_t start, std::size_t length, int access, ibv_mr** mr) noexcept;
 
   ibv_pd* pd_;
   GpuDirectConfig config_;
@@ -131,8 +123,7 @@ class GpuDirectBackend final : public rcache::Backend {
   std::atomic<GpuDirectMethod> methods_[kMaxDevices];
   std::atomic<int> pcie_flag_[kMaxDevices];  // -1 unknown, 1 accepted, 0 rejected
   std::atomic<int> peermem_{-1};             // -1 unknown, else 0/1
-  std::atomic<std::uint64_t> host_regs_{0}, dmabuf_regs_{0}, peermem_regs_{0}, unsupported_{0},
-      demotions_{0};
+  std::atomic<std::uint64_t> dmabuf_regs_{0}, peermem_regs_{0}, unsupported_{0}, demotions_{0};
 };
 
-}  // namespace gmd::memtype
+}  // namespace gmd::md
