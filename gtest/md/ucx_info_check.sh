@@ -31,7 +31,7 @@ done
 echo "$gmd_out" | sed -n '1,40p'
 cfg=$(LD_PRELOAD=$plugin ucx_info -c -f 2>&1)
 for v in RCACHE_MAX_REGIONS RCACHE_MAX_SIZE RCACHE_MAX_UNUSED RCACHE_ADDR_ALIGN RCACHE_MEM_PRIO \
-         RCACHE_OVERHEAD RCACHE_PURGE_ON_FORK CUDA_FREE_MODE DMABUF PRINT_STATS; do
+         RCACHE_OVERHEAD RCACHE_PURGE_ON_FORK CUDA_FREE_MODE DMABUF CUDA_MANAGED PRINT_STATS; do
   echo "$cfg" | grep -q "UCX_GMD_$v=" || { echo "FAIL: ucx_info -c does not show UCX_GMD_$v"; fail=1; }
 done
 echo "$cfg" | grep 'UCX_GMD_'
