@@ -111,6 +111,9 @@ class CacheImpl final : public Cache {
   void forkParent() noexcept { lock_.unlock(); }
   void forkChild() noexcept;
 
+  // Tests only: the writer lock, to stand for a writer pre-empted while holding it.
+  WriterLock& writerLockForTests() noexcept { return lock_; }
+
   CacheImpl* reg_next_ = nullptr;  // cache registry links, guarded by the registry mutex
   CacheImpl* reg_prev_ = nullptr;
 

@@ -3,8 +3,9 @@
 // invalidate() may run inside a memory hook, on any thread, while the same thread is inside the
 // cache: it can neither allocate nor wait for the writer lock. So it pushes the range into a
 // preallocated ring, and whoever holds the writer lock next drains the ring before its lookup
-// (docs/rcache.md, "Invalidation"). A push that finds the ring full is counted instead, and the
-// drain then applies the whole address space (conservative: every region leaves the index).
+// (docs/rcache.md, "Invalidation"). A push that finds the ring full widens instead the smallest
+// range covering every push that did not fit (two atomic bounds, lock-free) and is counted; the
+// drain applies that range, so only regions inside it leave the index, never the whole index.
 //
 // The queue also remembers the last kHistory ranges it applied, so that a miss that registered
 // outside the lock can tell whether its range was invalidated meanwhile (rule 5).
@@ -83,15 +84,20 @@ class RangeRing {
 // one thread at a time, the holder of the cache's writer lock.
 class InvalidationQueue {
  public:
-  static constexpr std::size_t kCapacity = 1024;  // queued ranges before the conservative fallback
+  static constexpr std::size_t kCapacity = 1024;  // queued ranges before the covering fallback
   static constexpr std::size_t kHistory = 64;     // applied ranges remembered for in-flight misses
 
   void push(Range r) noexcept {
-    if (!ring_.push(r)) overflow_.fetch_add(1, std::memory_order_seq_cst);
+    if (ring_.push(r)) return;
+    // Did not fit: widen the covering range (start first, then end), then count the push. A drain
+    // that takes the count took both bounds too (they were widened before it).
+    lowerTo(spill_start_, r.start);
+    raiseTo(spill_end_, r.end);
+    overflow_.fetch_add(1, std::memory_order_seq_cst);
   }
 
   // Applies every queued range in order: apply(Range) for each, then, if pushes overflowed the
-  // ring, once for the whole address space. Each applied range enters the history. With `wait`,
+  // ring, once for the smallest range covering those that did not fit. Each applied range enters the history. With `wait`,
   // also waits for producers that claimed a cell but have not filled it yet (the ring is FIFO, so a
   // completed push may sit behind one still being written, and a lookup must not start before it
   // is applied); invalidate() itself never waits (it may have interrupted such a producer).
@@ -111,12 +117,20 @@ class InvalidationQueue {
         break;
       }
     }
-    const std::uint64_t over = overflow_.exchange(0, std::memory_order_acq_rel);
+    const std::uint64_t over = overflow_.exchange(0, std::memory_order_seq_cst);
     *overflows = over;
     if (over != 0) {
-      r = Range{0, UINTPTR_MAX};
-      record(r);
-      apply(r);
+      // The bounds as they are now. A push that had widened only its start when an earlier drain
+      // took the bounds left its end here alone (or the reverse): the open side then reaches the
+      // end of the address space, which still covers it. Both bounds empty: an earlier drain
+      // already applied everything counted here.
+      const std::uintptr_t lo = spill_start_.exchange(UINTPTR_MAX, std::memory_order_seq_cst);
+      const std::uintptr_t hi = spill_end_.exchange(0, std::memory_order_seq_cst);
+      if (lo != UINTPTR_MAX || hi != 0) {
+        r = Range{lo == UINTPTR_MAX ? 0 : lo, hi == 0 ? UINTPTR_MAX : hi};
+        record(r);
+        apply(r);
+      }
       n += over;
     }
     return n;
@@ -128,6 +142,8 @@ class InvalidationQueue {
     while (ring_.pop(&r)) {
     }
     overflow_.store(0, std::memory_order_relaxed);
+    spill_start_.store(UINTPTR_MAX, std::memory_order_relaxed);
+    spill_end_.store(0, std::memory_order_relaxed);
   }
 
   // Ranges applied so far (a sequence number for invalidatedSince()).
@@ -143,6 +159,16 @@ class InvalidationQueue {
   }
 
  private:
+  static void lowerTo(std::atomic<std::uintptr_t>& a, std::uintptr_t v) noexcept {
+    std::uintptr_t cur = a.load(std::memory_order_relaxed);
+    while (v < cur && !a.compare_exchange_weak(cur, v, std::memory_order_seq_cst)) {
+    }
+  }
+  static void raiseTo(std::atomic<std::uintptr_t>& a, std::uintptr_t v) noexcept {
+    std::uintptr_t cur = a.load(std::memory_order_relaxed);
+    while (v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_seq_cst)) {
+    }
+  }
   void record(Range r) noexcept {
     history_[seq_ % kHistory] = r;
     ++seq_;
@@ -150,6 +176,8 @@ class InvalidationQueue {
 
   RangeRing<kCapacity> ring_;
   std::atomic<std::uint64_t> overflow_{0};  // pushes that found ring_ full, not yet applied
+  std::atomic<std::uintptr_t> spill_start_{UINTPTR_MAX};  // the range covering them (empty: start
+  std::atomic<std::uintptr_t> spill_end_{0};              // above end)
   std::uint64_t seq_ = 0;                   // ranges applied so far
   Range history_[kHistory];                 // the last kHistory of them
 };

@@ -162,7 +162,7 @@ struct Stats {
   std::uint64_t pinned_bytes = 0;            // bytes they cover
   std::uint64_t unused_bytes = 0;            // bytes of unused regions still cached
   std::uint64_t invalidation_overflows = 0;  // invalidations that found the queue full and were
-                                             // applied conservatively (the whole index dropped)
+                                             // applied as the smallest range covering all such
 };
 
 class Cache : public InvalidationSink {
