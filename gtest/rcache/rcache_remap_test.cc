@@ -175,6 +175,11 @@ TEST_F(RcacheRemapTest, RequestThatFailsOnItsOwnPagesStillFails) {
 // it is cached (nothing unused stays cached, so every user request is a miss). libucm delivers
 // the invalidations. No registration of a mapped buffer may fail.
 TEST(RcacheRemapConcurrency, ThreadsSharingPagesWithARemappingNeighbourNeverFail) {
+#if defined(__SANITIZE_THREAD__)
+  // As RcacheUcmStress: glibc madvise()s an exiting thread's stack after ThreadSanitizer tore the
+  // thread down, and libucm's hook then crashes TSan's runtime. The seam cases above run under it.
+  GTEST_SKIP() << "libucm hooks on thread exit crash ThreadSanitizer's runtime";
+#endif
   Config config;
   config.max_unused_bytes = 0;
   std::unique_ptr<Cache> cache;
