@@ -3,6 +3,7 @@
 #include <infiniband/verbs.h>
 #include <ucs/debug/log_def.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -51,7 +52,7 @@ ucs_status_t cmOpen(ucx::Component*, uct_worker_h, const uct_cm_config_t*, uct_c
   return UCS_ERR_UNSUPPORTED;
 }
 
-ucs_status_t rkeyUnpack(ucx::Component*, const void* buffer, uct_rkey_t* rkey_p, void** handle_p) {
+ucs_status_t unpack(const void* buffer, uct_rkey_t* rkey_p, void** handle_p) {
   MemType type;
   uct_rkey_t rkey;
   const ucs_status_t st = unpackRkey(buffer, &rkey, &type);
@@ -65,6 +66,26 @@ ucs_status_t rkeyUnpack(ucx::Component*, const void* buffer, uct_rkey_t* rkey_p,
   return UCS_OK;
 }
 
+// rkey_unpack without (up to 1.18) and with (1.19 on) parameters; the slot's type picks one.
+[[maybe_unused]] ucs_status_t rkeyUnpack(ucx::Component*, const void* buffer, uct_rkey_t* rkey_p,
+                                         void** handle_p) {
+  return unpack(buffer, rkey_p, handle_p);
+}
+template <typename Params>
+ucs_status_t rkeyUnpack(ucx::Component*, const void* buffer, const Params*, uct_rkey_t* rkey_p,
+                        void** handle_p) {
+  return unpack(buffer, rkey_p, handle_p);
+}
+
+// rkey_compare (1.16 on): a gmd remote key is its verbs rkey, so keys order as numbers.
+template <typename Params>
+ucs_status_t rkeyCompare(ucx::Component*, uct_rkey_t rkey1, uct_rkey_t rkey2, const Params*,
+                         int* result) {
+  if (result == nullptr) return UCS_ERR_INVALID_PARAM;
+  *result = (rkey1 > rkey2) - (rkey1 < rkey2);
+  return UCS_OK;
+}
+
 ucs_status_t rkeyPtr(ucx::Component*, uct_rkey_t, void*, uint64_t, void**) {
   return UCS_ERR_UNSUPPORTED;
 }
@@ -73,53 +94,89 @@ ucs_status_t rkeyRelease(ucx::Component*, uct_rkey_t, void*) { return UCS_OK; }
 
 void mdVfsInit(uct_md_h) {}
 
-ucx::Component g_component = {
-    .name = "gmd",
-    .query_md_resources = queryMdResources,
-    .md_open = mdOpen,
-    .cm_open = cmOpen,
-    .rkey_unpack = rkeyUnpack,
-    .rkey_ptr = rkeyPtr,
-    .rkey_release = rkeyRelease,
-    .md_config = {.name = "gmd memory domain",
-                  .prefix = kConfigPrefix,
-                  .table = kMdConfigTable,
-                  .size = sizeof(MdConfig),
-                  .list = {}},
-    .cm_config = {.name = "", .prefix = "", .table = nullptr, .size = 0, .list = {}},
-    .tl_list = {},
-    .list = {},
-    .flags = 0,
-    .md_vfs_init = mdVfsInit,
+// Constant-initialised (constinit): the descriptor is complete before any constructor runs.
+template <typename C>
+constexpr C makeComponent() {
+  C c{};
+  c.name[0] = 'g';
+  c.name[1] = 'm';
+  c.name[2] = 'd';
+  c.query_md_resources = queryMdResources;
+  c.md_open = mdOpen;
+  c.cm_open = cmOpen;
+  c.rkey_unpack = rkeyUnpack;
+  c.rkey_ptr = rkeyPtr;
+  c.rkey_release = rkeyRelease;
+  if constexpr (requires { c.rkey_compare; }) c.rkey_compare = rkeyCompare;
+  c.md_config.name = "gmd memory domain";
+  c.md_config.prefix = kConfigPrefix;
+  c.md_config.table = kMdConfigTable;
+  c.md_config.size = sizeof(MdConfig);
+  c.cm_config.name = "";
+  c.cm_config.prefix = "";
+  c.cm_config.table = nullptr;
+  c.cm_config.size = 0;
+  c.flags = 0;
+  c.md_vfs_init = mdVfsInit;
+  return c;
+}
+
+constinit ucx::Component g_component = makeComponent<ucx::Component>();
+
+// libuct exports that tell its release, oldest first ("1.22+" names 1.22.x after its tag too).
+struct Marker {
+  const char* symbol;
+  const char* release;
+};
+constexpr Marker kMarkers[] = {
+    {"uct_md_mkey_pack_v2", "1.13"},      {"uct_md_mem_reg_v2", "1.14"},
+    {"uct_rkey_compare", "1.16"},         {"uct_iface_fill_info_str_buf", "1.18"},
+    {"uct_rkey_unpack_v2", "1.19 to 1.21"}, {"uct_ep_put_sgl_zcopy", "1.22"},
+    {"uct_md_mem_elem_release", "1.23"},
 };
 
-// The running libuct must have the ABI this module was built for. libuct has no version call, so
-// its exports tell: uct_md_mkey_pack_v2 appeared in 1.13, uct_md_mem_reg_v2 in 1.14.
-bool runningUctMatches(const char** why) {
+// The running UCX must have the component ABI this module was built for (md/ucx_abi.h). libuct has
+// no version call, so its exports tell the generation; libucp, where the process has loaded it, tells
+// the exact release. Nothing here may need a symbol only some releases export.
+bool runningUcxMatches(char* why, std::size_t why_len) {
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&uct_component_register), &info) == 0 ||
       info.dli_fname == nullptr) {
-    *why = "cannot locate libuct";
+    std::snprintf(why, why_len, "cannot locate libuct");
     return false;
   }
   void* uct = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
   if (uct == nullptr) {
-    *why = "cannot inspect libuct";
+    std::snprintf(why, why_len, "cannot inspect libuct");
     return false;
   }
-  const bool has_13 = dlsym(uct, "uct_md_mkey_pack_v2") != nullptr;
-  const bool has_14 = dlsym(uct, "uct_md_mem_reg_v2") != nullptr;
+  const char* seen = "older than 1.13";
+  for (const Marker& m : kMarkers) {
+    if (dlsym(uct, m.symbol) != nullptr) seen = m.release;
+  }
+  const bool has = dlsym(uct, ucx::kAbiHas) != nullptr;
+  const bool lacks = ucx::kAbiLacks[0] == '\0' || dlsym(uct, ucx::kAbiLacks) == nullptr;
   dlclose(uct);
-  if (!has_13) *why = "libuct is older than 1.13";
-  if (has_14) *why = "libuct is 1.14 or newer";
-  return has_13 && !has_14;
+  bool match = has && lacks;
+  std::snprintf(why, why_len, "the running libuct is UCX %s", seen);
+
+  using GetVersionFn = void (*)(unsigned*, unsigned*, unsigned*);
+  if (auto* get = reinterpret_cast<GetVersionFn>(dlsym(RTLD_DEFAULT, "ucp_get_version"))) {
+    unsigned major = 0, minor = 0, release = 0;
+    get(&major, &minor, &release);
+    std::snprintf(why, why_len, "the running UCX is %u.%u.%u", major, minor, release);
+    match = match && major == ucx::kAbiMajor && minor >= ucx::kAbiMinor &&
+            minor <= ucx::kAbiLastMinor;
+  }
+  return match;
 }
 
 __attribute__((constructor)) void registerComponent() {
-  const char* why = nullptr;
-  if (!runningUctMatches(&why)) {
-    ucs_warn("gmd: built for the UCX %u.%u component ABI but %s: component gmd not registered",
-             ucx::kAbiMajor, ucx::kAbiMinor, why);
+  char why[96];
+  if (!runningUcxMatches(why, sizeof(why))) {
+    ucs_warn("gmd: built for UCX %s but %s: component gmd not registered (build gmd against the "
+             "UCX it runs with)",
+             ucx::kAbiName, why);
     return;
   }
   ucs_list_head_init(&g_component.tl_list);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/log.h"
+#include "md/abi/edge.h"
 #include "md/mapping.h"
 #include "md/ucs_topology.h"
 #include "memtype/memtype.h"
@@ -105,15 +106,6 @@ ucs_status_t mdQuery(uct_md_h uct_md, uct_md_attr_t* attr) {
   return UCS_OK;
 }
 
-ucs_status_t mdMemAlloc(uct_md_h, size_t*, void**, ucs_memory_type_t, unsigned, const char*,
-                        uct_mem_h*) {
-  return UCS_ERR_UNSUPPORTED;
-}
-ucs_status_t mdMemFree(uct_md_h, uct_mem_h) { return UCS_ERR_UNSUPPORTED; }
-ucs_status_t mdMemAdvise(uct_md_h, uct_mem_h, void*, size_t, unsigned) {
-  return UCS_ERR_UNSUPPORTED;
-}
-
 ucs_status_t mdMemReg(uct_md_h md, void* address, size_t length, unsigned flags,
                       uct_mem_h* memh_p) {
   return Md::from(md)->registrar().reg(address, length, flags, memh_p);
@@ -141,15 +133,11 @@ ucs_status_t mdMemQuery(uct_md_h, const void* address, size_t length, uct_md_mem
   return UCS_OK;
 }
 
-ucs_status_t mdMkeyPack(uct_md_h, uct_mem_h memh, const ucx::MkeyPackParams*, void* buffer) {
+ucs_status_t mdMkeyPack(uct_md_h, uct_mem_h memh, void* buffer) {
   if (memh == nullptr || buffer == nullptr) return UCS_ERR_INVALID_PARAM;
   const auto* region = static_cast<const rcache::Region*>(memh);
   packRkey(region->registration().rkey, region->memType(), buffer);
   return UCS_OK;
-}
-
-int mdIsSockaddrAccessible(uct_md_h, const ucs_sock_addr_t*, uct_sockaddr_accessibility_t) {
-  return 0;
 }
 
 ucs_status_t mdDetectMemoryType(uct_md_h, const void* address, size_t length,
@@ -175,19 +163,23 @@ std::unique_ptr<GpuDirectBackend> makeGpuDirect(const char* name, ibv_pd* pd,
   return backend;
 }
 
-ucx::MdOps kMdOps = {
-    .close = mdClose,
-    .query = mdQuery,
-    .mem_alloc = mdMemAlloc,
-    .mem_free = mdMemFree,
-    .mem_advise = mdMemAdvise,
-    .mem_reg = mdMemReg,
-    .mem_dereg = mdMemDereg,
-    .mem_query = mdMemQuery,
-    .mkey_pack = mdMkeyPack,
-    .is_sockaddr_accessible = mdIsSockaddrAccessible,
-    .detect_memory_type = mdDetectMemoryType,
-};
+}  // namespace
+
+// The generation's ops table (md/abi/edge_md.cc) adapts UCX's slots to these.
+const MdImpl& mdImpl() noexcept {
+  static const MdImpl impl = {
+      .close = mdClose,
+      .query = mdQuery,
+      .mem_reg = mdMemReg,
+      .mem_dereg = mdMemDereg,
+      .mem_query = mdMemQuery,
+      .mkey_pack = mdMkeyPack,
+      .detect_memory_type = mdDetectMemoryType,
+  };
+  return impl;
+}
+
+namespace {
 
 ibv_context* openDevice(const char* name) {
   int count = 0;
@@ -215,7 +207,7 @@ ucs_status_t Md::open(ucx::Component* component, const char* name, const MdConfi
   try {
     md->name_ = name;
     md->config_ = config;
-    md->handle_.header.ops = &kMdOps;
+    md->handle_.header.ops = mdOps();
     md->handle_.header.component = component;
     md->handle_.md = md.get();
 

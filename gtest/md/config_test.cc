@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "md/abi/config_parser.h"
 #include "md/md_config.h"
 
 namespace gmd::md {
@@ -26,7 +27,7 @@ class MdConfigTest : public ::testing::Test {
     if (filled_) ucs_config_parser_release_opts(&config_, kMdConfigTable);
     std::memset(&config_, 0, sizeof(config_));
     const ucs_status_t st =
-        ucs_config_parser_fill_opts(&config_, kMdConfigTable, "UCX_", kConfigPrefix, 0);
+        ucx::fillConfig(&config_, kMdConfigTable, sizeof(config_), "UCX_", kConfigPrefix);
     filled_ = st == UCS_OK;
     return st;
   }

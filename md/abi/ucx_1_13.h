@@ -1,44 +1,29 @@
 // UCX 1.13 component ABI, declared by gmd (x86-64 and aarch64, LP64).
 //
 // UCX installs only its public API; the structures a component must hand to libuct (the component,
-// the MD ops table, the MD header and the transport descriptor) live in headers UCX does not install.
-// These are gmd's own declarations with the same layout. Supporting another UCX ABI generation means
-// adding a sibling file (see md/ucx_abi.h), never editing this one.
+// the MD ops table, the iface internal ops) live in headers UCX does not install. These are gmd's own
+// declarations with the same layout; what every generation shares is in md/abi/common.h. Another
+// generation is a sibling file (see md/README.md, "UCX ABI generations"), never an edit of this one.
 #pragma once
 
-#include <uct/api/uct.h>  // includes uct/api/tl.h
-#include <ucs/config/parser.h>
-#include <ucs/datastruct/list.h>
-
-#include <cstddef>
-#include <cstdint>
+#include "md/abi/common.h"
 
 namespace gmd::ucx {
 
 inline constexpr unsigned kAbiMajor = 1;
 inline constexpr unsigned kAbiMinor = 13;
+inline constexpr unsigned kAbiLastMinor = 13;  // the newest minor this mirror serves
+inline constexpr const char* kAbiName = "1.13";
 
-struct Component;
+// What changed after 1.13, as seen by the edge adapters (md/abi/edge_*.cc).
+inline constexpr bool kMdQueryV2 = false;        // 1.14: query takes uct_md_attr_v2_t
+inline constexpr bool kMemRegParams = false;     // 1.14: mem_reg takes a params struct
+inline constexpr bool kMdInvalidateRma = false;  // 1.15: UCP tests UCT_MD_FLAG_INVALIDATE_RMA
+inline constexpr bool kOwnInternalOps = false;   // 1.16: no default internal-ops table in libuct
 
-// uct_md_mem_dereg_v2() parameters (declared in UCX's uninstalled uct/api/v2/uct_v2.h).
-enum : std::uint64_t {
-  kDeregFieldMemh = 1u << 0,
-  kDeregFieldFlags = 1u << 1,
-  kDeregFieldCompletion = 1u << 2,
-};
-enum : unsigned { kDeregFlagInvalidate = 1u << 0 };
-struct DeregParams {
-  std::uint64_t field_mask;
-  unsigned flags;
-  uct_mem_h memh;
-  uct_completion_t* comp;
-};
-
-// uct_md_mkey_pack_v2() parameters (same header).
-struct MkeyPackParams {
-  std::uint64_t field_mask;
-  unsigned flags;
-};
+// Runtime identification (md/component.cc): exports libuct 1.13 has, and the first of the next.
+inline constexpr const char* kAbiHas = "uct_md_mkey_pack_v2";
+inline constexpr const char* kAbiLacks = "uct_md_mem_reg_v2";  // 1.14
 
 using QueryMdResourcesFn = ucs_status_t (*)(Component* component,
                                             uct_md_resource_desc_t** resources_p,
@@ -71,6 +56,7 @@ struct Component {
   uint64_t flags;  // UCT_COMPONENT_FLAG_*
   MdVfsInitFn md_vfs_init;  // called unconditionally by uct_md_open
 };
+static_assert(sizeof(ucs_config_global_list_entry_t) == 48, "UCX 1.13 config entry layout");
 static_assert(sizeof(Component) == 208, "UCX 1.13 component layout");
 static_assert(offsetof(Component, md_config) == 64, "UCX 1.13 component layout");
 static_assert(offsetof(Component, cm_config) == 112, "UCX 1.13 component layout");
@@ -98,115 +84,25 @@ struct MdOps {
                                      ucs_memory_type_t* mem_type_p);
 };
 static_assert(sizeof(MdOps) == 11 * sizeof(void*), "UCX 1.13 MD ops layout");
+static_assert(sizeof(uct_md_mem_attr_t) == 32, "UCX 1.13 public memory attributes");
 
-// Every MD object starts with this header; libuct reads both fields.
-struct MdHeader {
-  MdOps* ops;
-  Component* component;
-};
-
-// Base of every MD configuration structure (C forbids empty structs, so UCX's base has one char).
-struct MdConfigBase {
-  char dummy;
-};
-
-// Internal transport device descriptor returned by Transport::query_devices (malloc'ed array).
-struct TlDeviceResource {
-  char name[UCT_DEVICE_NAME_MAX];
-  uct_device_type_t type;
-  ucs_sys_device_t sys_device;
-};
-
-// A transport of a component, linked into Component::tl_list by uct_tl_register().
-struct Transport {
-  char name[UCT_TL_NAME_MAX];
-  ucs_status_t (*query_devices)(uct_md_h md, TlDeviceResource** devices_p, unsigned* num_p);
-  ucs_status_t (*iface_open)(uct_md_h md, uct_worker_h worker, const uct_iface_params_t* params,
-                             const uct_iface_config_t* config, uct_iface_h* iface_p);
-  ucs_config_global_list_entry_t config;
-  ucs_list_link_t list;
-};
-
-
-// --- Interfaces and endpoints (uct/base/uct_iface.h, uct/base/uct_worker.h at 1.13.1) -------------
-//
-// libuct's own functions dereference an iface beyond its ops table (uct_iface_set_am_handler,
-// uct_iface_estimate_perf, uct_iface_mem_alloc, uct_iface_handle_ep_err, the progress helpers), so a
-// transport's iface must start with this base (uct_iface_t holds the ops table by value). An endpoint only needs uct_ep_t (its iface pointer).
-// Built without statistics (Debian's UCX has no ENABLE_STATS), so no stats node follows the config.
-
-// The transport-independent part of every iface configuration (uct_iface_config_table fills it).
-struct IfaceConfigBase {
-  struct {
-    uct_alloc_method_t* methods;
-    unsigned count;
-  } alloc_methods;
-  int failure;  // ucs_log_level_t
-  size_t max_num_eps;
-};
-
+// libuct 1.13 exports a default table (uct_base_iface_internal_ops) that gmd_rc uses as is.
 struct IfaceInternalOps {
   ucs_status_t (*iface_estimate_perf)(uct_iface_h iface, void* perf_attr);  // uct_perf_attr_t*
   void (*iface_vfs_refresh)(uct_iface_h iface);
-  ucs_status_t (*ep_query)(uct_ep_h ep, uct_ep_attr_t* ep_attr);
+  ucs_status_t (*ep_query)(uct_ep_h ep, void* ep_attr);  // uct_ep_attr_t*
   ucs_status_t (*ep_invalidate)(uct_ep_h ep, unsigned flags);
 };
-
-struct AmHandler {
-  uct_am_callback_t cb;
-  void* arg;
-  uint32_t flags;
-};
-
-struct WorkerProgress {
-  uct_worker_cb_id_t id;  // UCS_CALLBACKQ_ID_NULL when not registered
-  uint32_t refcount;
-};
-
-struct BaseIface {
-  uct_iface_t super;
-  IfaceInternalOps* internal_ops;
-  uct_md_h md;
-  uct_worker_h worker;  // libuct's private worker starts with the public one
-  AmHandler am[UCT_AM_ID_MAX];
-  uct_am_tracer_t am_tracer;
-  void* am_tracer_arg;
-  uct_error_handler_t err_handler;
-  void* err_handler_arg;
-  uint32_t err_handler_flags;
-  WorkerProgress prog;
-  unsigned progress_flags;  // UCT_PROGRESS_* currently enabled
-  struct {
-    unsigned num_alloc_methods;
-    uct_alloc_method_t alloc_methods[UCT_ALLOC_METHOD_LAST];
-    ucs_log_level_t failure_level;
-    size_t max_num_eps;
-  } config;
-};
-static_assert(sizeof(uct_iface_t) == 50 * sizeof(void*), "UCX 1.13 iface ops layout");
-static_assert(offsetof(BaseIface, internal_ops) == 400, "UCX 1.13 base iface layout");
-static_assert(offsetof(BaseIface, am) == 424, "UCX 1.13 base iface layout");
-static_assert(offsetof(BaseIface, err_handler) == 424 + 24 * UCT_AM_ID_MAX + 16,
-              "UCX 1.13 base iface layout");
-static_assert(offsetof(BaseIface, progress_flags) == 1236, "UCX 1.13 base iface layout");
-static_assert(sizeof(BaseIface) == 1280, "UCX 1.13 base iface layout");
+static_assert(sizeof(IfaceInternalOps) == 4 * sizeof(void*), "UCX 1.13 iface internal ops");
 
 }  // namespace gmd::ucx
 
-// Exported by libuct 1.13 but declared only in headers it does not install.
+// Exported by libuct 1.13 only. Weak: a 1.13 build loaded into another UCX must still load, so that
+// its load-time check can refuse to register (md/component.cc).
 extern "C" {
-void uct_component_register(gmd::ucx::Component* component);
-void uct_component_unregister(gmd::ucx::Component* component);
-extern ucs_config_field_t uct_md_config_table[];
-ucs_status_t uct_md_mem_dereg_v2(uct_md_h md, const gmd::ucx::DeregParams* params);
-ucs_status_t uct_md_mkey_pack_v2(uct_md_h md, uct_mem_h memh,
-                                 const gmd::ucx::MkeyPackParams* params, void* rkey_buffer);
-// Links a transport into component->tl_list and its config entry into UCX's global config list.
-void uct_tl_register(gmd::ucx::Component* component, gmd::ucx::Transport* tl);
-extern ucs_config_field_t uct_iface_config_table[];  // fills IfaceConfigBase
-extern gmd::ucx::IfaceInternalOps uct_base_iface_internal_ops;  // default internal ops
-void uct_base_iface_progress_enable(uct_iface_h iface, unsigned flags);
-void uct_base_iface_progress_disable(uct_iface_h iface, unsigned flags);
-// Calls the iface's error handler (BaseIface::err_handler) for a failed endpoint.
-ucs_status_t uct_iface_handle_ep_err(uct_iface_h iface, uct_ep_h ep, ucs_status_t status);
+__attribute__((weak)) extern gmd::ucx::IfaceInternalOps uct_base_iface_internal_ops;
 }
+
+namespace gmd::ucx {
+inline IfaceInternalOps* libuctDefaultInternalOps() noexcept { return &uct_base_iface_internal_ops; }
+}  // namespace gmd::ucx

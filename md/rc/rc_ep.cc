@@ -270,4 +270,16 @@ bool Ep::fail(ucs_status_t status) noexcept {
   return true;
 }
 
+bool Ep::connectedTo(const uct_device_addr_t* dev_addr,
+                     const uct_iface_addr_t* iface_addr) const noexcept {
+  DeviceAddress d;
+  IfaceAddress i;
+  if (dev_addr == nullptr || iface_addr == nullptr ||
+      unpackDeviceAddress(dev_addr, &d) != UCS_OK || unpackIfaceAddress(iface_addr, &i) != UCS_OK) {
+    return false;
+  }
+  return i.ipv4_be == peer_iface_.ipv4_be && i.port_be == peer_iface_.port_be &&
+         d.lid == peer_dev_.lid && std::memcmp(d.gid.raw, peer_dev_.gid.raw, sizeof(d.gid.raw)) == 0;
+}
+
 }  // namespace gmd::md::rc

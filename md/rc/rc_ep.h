@@ -67,6 +67,9 @@ class Ep {
   void pendingPurge(uct_pending_purge_callback_t cb, void* arg) noexcept;
   ucs_status_t flush(unsigned flags, uct_completion_t* comp) noexcept;
   ucs_status_t fence() noexcept;
+  // Whether this endpoint was created for the peer at these addresses (UCX >= 1.16 asks in wireup).
+  bool connectedTo(const uct_device_addr_t* dev_addr,
+                   const uct_iface_addr_t* iface_addr) const noexcept;
 
  private:
   friend class Iface;
@@ -112,6 +115,8 @@ class Ep {
 
   EpHandle handle_{};
   Iface* iface_;
+  DeviceAddress peer_dev_{};  // the addresses it was created for
+  IfaceAddress peer_iface_{};
   ibv_qp* qp_ = nullptr;
   Connector connector_;
   std::uint32_t psn_ = 0;

@@ -13,6 +13,7 @@
 #include <new>
 #include <string>
 
+#include "md/abi/edge.h"
 #include "md/md.h"
 #include "md/rc/rc_listener.h"
 
@@ -72,7 +73,7 @@ ucs_status_t Iface::open(uct_md_h uct_md, uct_worker_h worker, const uct_iface_p
   ucx::BaseIface& base = iface->handle_.base;
   iface->handle_.self = iface.get();
   base.super.ops = ifaceOps();
-  base.internal_ops = &uct_base_iface_internal_ops;
+  base.internal_ops = ifaceInternalOps();
   base.md = uct_md;
   base.worker = worker;
   base.prog.id = UCS_CALLBACKQ_ID_NULL;
@@ -313,6 +314,8 @@ ucs_status_t Iface::createEp(const uct_ep_params_t* params, uct_ep_h* ep_p) noex
 
   Ep* ep = new (std::nothrow) Ep(this);
   if (ep == nullptr) return UCS_ERR_NO_MEMORY;
+  ep->peer_dev_ = dev;
+  ep->peer_iface_ = peer;
   try {
     ep->ring_.assign(limits_.qp.tx_queue_len, Ep::Slot{nullptr, -1});
     eps_.reserve(eps_.size() + 1);

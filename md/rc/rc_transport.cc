@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "md/md.h"
+#include "md/abi/edge.h"
 #include "md/rc/rc_iface.h"
 #include "md/ucs_topology.h"
 
@@ -150,7 +151,9 @@ unsigned ifaceProgress(uct_iface_h iface) noexcept { return Iface::from(iface)->
 void ifaceClose(uct_iface_h iface) noexcept { delete Iface::from(iface); }
 
 ucs_status_t ifaceQuery(uct_iface_h iface, uct_iface_attr_t* attr) noexcept {
-  return Iface::from(iface)->query(attr);
+  const ucs_status_t st = Iface::from(iface)->query(attr);
+  finishIfaceAttr(attr);
+  return st;
 }
 
 ucs_status_t getDeviceAddress(uct_iface_h iface, uct_device_addr_t* addr) noexcept {

@@ -1,0 +1,47 @@
+// The UCX edge: where gmd's one implementation of the MD, the component and gmd_rc meets the ops
+// tables of the UCX generation it is built for (md/ucx_abi.h).
+//
+// md/md.cc implements the MD operations once, in UCX 1.13's terms (MdImpl). md/abi/edge_md.cc builds
+// the generation's MD ops table from it, one thin adapter per signature UCX has used (overloads and
+// templates: the table's slot type picks the adapter at compile time); md/abi/edge_iface.cc does the
+// same for gmd_rc's iface internal ops. A new generation whose slots only take shapes seen before needs
+// no change here, only its md/abi/ucx_<major>_<minor>.h.
+//
+// Thread safety: the tables are immutable after static initialisation; the adapters are as
+// thread-safe as the operations they forward to.
+#pragma once
+
+#include "md/ucx_abi.h"
+
+namespace gmd::md {
+
+// The generation-neutral MD operations (md/md.cc).
+struct MdImpl {
+  void (*close)(uct_md_h md);
+  ucs_status_t (*query)(uct_md_h md, uct_md_attr_t* attr);  // the public v1 attributes
+  ucs_status_t (*mem_reg)(uct_md_h md, void* address, size_t length, unsigned flags,
+                          uct_mem_h* memh_p);
+  ucs_status_t (*mem_dereg)(uct_md_h md, const ucx::DeregParams* params);
+  ucs_status_t (*mem_query)(uct_md_h md, const void* address, size_t length,
+                            uct_md_mem_attr_t* attr);
+  ucs_status_t (*mkey_pack)(uct_md_h md, uct_mem_h memh, void* rkey_buffer);
+  ucs_status_t (*detect_memory_type)(uct_md_h md, const void* address, size_t length,
+                                     ucs_memory_type_t* mem_type_p);
+};
+const MdImpl& mdImpl() noexcept;  // md/md.cc
+
+// The MD ops table of this build's UCX generation (md/abi/edge_md.cc).
+ucx::MdOps* mdOps() noexcept;
+
+}  // namespace gmd::md
+
+namespace gmd::md::rc {
+
+// The internal-ops table gmd_rc's ifaces hand to libuct: libuct's default one up to 1.15, gmd_rc's
+// own from 1.16 (md/abi/edge_iface.cc).
+ucx::IfaceInternalOps* ifaceInternalOps() noexcept;
+
+// Sets the uct_iface_attr_t fields that only some generations have (ctl_device from 1.22).
+void finishIfaceAttr(uct_iface_attr_t* attr) noexcept;
+
+}  // namespace gmd::md::rc
