@@ -26,11 +26,14 @@ fail=0
 work=$(mktemp -d) || { echo "FAIL: mktemp"; exit 1; }
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
+# A ucx_perftest built with MPI (Debian 13's) waits for MPI peers unless told not to (-P 0).
+mpi_off=()
+ucx_perftest -h 2>&1 | grep -q -- '-P <0|1>' && mpi_off=(-P 0)
 export LD_PRELOAD=$plugin
 for test in put_bw get; do
   for size in 4096 65536 1048576 8388608; do
     iters=$((size >= 1048576 ? 40 : 400))
-    args=(-x gmd_rc -t "$test" -D zcopy -s "$size" -n "$iters" -w 4 -p "$port")
+    args=(-x gmd_rc -t "$test" -D zcopy -s "$size" -n "$iters" -w 4 -p "$port" "${mpi_off[@]}")
     timeout 300 ucx_perftest -d "$server_dev" "${args[@]}" >server.log 2>&1 &
     spid=$!
     sleep 2
@@ -58,7 +61,7 @@ client_nd=$(netdev_of "${devs[-1]}/1")
 deadline=120
 for size in 1048576 4194304; do
   iters=$((size >= 4194304 ? 25 : 100))
-  args=(-t tag_bw -s "$size" -n "$iters" -w 2 -p "$port")
+  args=(-t tag_bw -s "$size" -n "$iters" -w 2 -p "$port" "${mpi_off[@]}")
   UCX_TLS=gmd_rc,tcp,self UCX_NET_DEVICES=$server_dev,${nd:-lo} UCX_GMD_PRINT_STATS=y \
     timeout "$deadline" ucx_perftest "${args[@]}" >server.log 2>&1 &
   spid=$!

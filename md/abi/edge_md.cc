@@ -81,7 +81,13 @@ ucs_status_t memReg(uct_md_h md, void* address, size_t length, const Params* par
   if ((params->field_mask & Params::kFieldDmabufFd) && params->dmabuf_fd != Params::kDmabufFdInvalid) {
     return UCS_ERR_UNSUPPORTED;
   }
-  const std::uint64_t flags = (params->field_mask & Params::kFieldFlags) ? params->flags : 0;
+  std::uint64_t flags = (params->field_mask & Params::kFieldFlags) ? params->flags : 0;
+  if (flags & Params::kFlagGva) return UCS_ERR_UNSUPPORTED;
+  // A hint: gmd's remote keys are the device's, equal only when the device makes them so.
+  flags &= ~Params::kFlagSymmetricRkey;
+  // Newer UCP registers ucp_mem_map buffers without access flags (1.23 does, for ucp_perftest's):
+  // UCX's own MDs grant every access then, and so does gmd.
+  if ((flags & UCT_MD_MEM_ACCESS_ALL) == 0) flags |= UCT_MD_MEM_ACCESS_ALL;
   // Every UCT_MD_MEM_* flag fits the 32 bits the registrar takes; one beyond them is refused there.
   const unsigned narrow = static_cast<unsigned>(flags) | (flags >> 32 != 0 ? 1u << 31 : 0u);
   return mdImpl().mem_reg(md, address, length, narrow, memh_p);

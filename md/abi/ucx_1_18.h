@@ -29,6 +29,10 @@ struct MemRegParams {
   static constexpr std::uint64_t kFieldFlags = 1u << 0;
   static constexpr std::uint64_t kFieldDmabufFd = 1u << 1;
   static constexpr int kDmabufFdInvalid = -1;  // UCT_DMABUF_FD_INVALID
+  // Public mem_reg flags newer than 1.13 (uct_md_mem_flags): a hint the MD may ignore, and global-VA
+  // registration, which gmd does not offer (it advertises no gva_mem_types).
+  static constexpr std::uint64_t kFlagSymmetricRkey = 1u << 10;
+  static constexpr std::uint64_t kFlagGva = 1u << 11;
   std::uint64_t field_mask;
   std::uint64_t flags;  // UCT_MD_MEM_FLAG_* / UCT_MD_MEM_ACCESS_*
   int dmabuf_fd;
@@ -36,6 +40,9 @@ struct MemRegParams {
 };
 static_assert(sizeof(MemRegParams) == 32, "UCX 1.18 mem_reg params layout");
 static_assert(MemRegParams::kDmabufFdInvalid == UCT_DMABUF_FD_INVALID, "UCX 1.18 dma-buf fd");
+static_assert(MemRegParams::kFlagSymmetricRkey == UCT_MD_MEM_SYMMETRIC_RKEY &&
+                  MemRegParams::kFlagGva == UCT_MD_MEM_GVA,
+              "UCX 1.18 mem_reg flags");
 
 struct MemAttachParams {
   std::uint64_t field_mask;

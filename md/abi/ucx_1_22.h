@@ -34,6 +34,10 @@ struct MemRegParams {
   static constexpr std::uint64_t kFieldFlags = 1u << 0;
   static constexpr std::uint64_t kFieldDmabufFd = 1u << 1;
   static constexpr int kDmabufFdInvalid = -1;  // UCT_DMABUF_FD_INVALID
+  // Public mem_reg flags newer than 1.13 (uct_md_mem_flags): a hint the MD may ignore, and global-VA
+  // registration, which gmd does not offer (it advertises no gva_mem_types).
+  static constexpr std::uint64_t kFlagSymmetricRkey = 1u << 10;
+  static constexpr std::uint64_t kFlagGva = 1u << 11;
   std::uint64_t field_mask;
   std::uint64_t flags;
   int dmabuf_fd;
@@ -96,6 +100,9 @@ struct MemAttr {
 static_assert(sizeof(MemAttr) == 56, "UCX 1.22 memory attributes v2 layout");
 static_assert(sizeof(uct_md_mem_attr_t) == 48, "UCX 1.22 public memory attributes");
 static_assert(MemRegParams::kDmabufFdInvalid == UCT_DMABUF_FD_INVALID, "UCX 1.22 dma-buf fd");
+static_assert(MemRegParams::kFlagSymmetricRkey == UCT_MD_MEM_SYMMETRIC_RKEY &&
+                  MemRegParams::kFlagGva == UCT_MD_MEM_GVA,
+              "UCX 1.22 mem_reg flags");
 static_assert(offsetof(MemAttr, base_address) == offsetof(uct_md_mem_attr_t, base_address) &&
                   offsetof(MemAttr, alloc_length) == offsetof(uct_md_mem_attr_t, alloc_length) &&
                   offsetof(MemAttr, dmabuf_fd) == offsetof(uct_md_mem_attr_t, dmabuf_fd) &&
