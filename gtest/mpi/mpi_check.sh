@@ -33,9 +33,17 @@ fail=0
 ((rc == 0)) || { echo "FAIL: mpirun exited $rc"; fail=1; }
 (($(echo "$out" | grep -c 'exchanges of .* bytes verified') == 2)) ||
   { echo "FAIL: not both ranks verified their exchanges"; fail=1; }
+# UCP from 1.16 caches registrations itself in front of the MD (gmd reports its memory types as
+# cacheable, which UCP 1.18's datatype iterator requires): gmd then sees each buffer once, a miss.
+ucx_minor=$(ucx_info -v | head -n 1 | grep -Eo '1\.[0-9]+' | head -n 1 | cut -d. -f2)
 if [[ ${GMD_MPI_NEED_HITS:-1} != 0 ]]; then
-  echo "$out" | grep -Eq '^gmd [^ ]+: reg_hits=[1-9]' ||
-    { echo "FAIL: gmd's counters show no registration hits (gmd did not carry the traffic)"; fail=1; }
+  if ((${ucx_minor:-0} >= 16)); then
+    echo "$out" | grep -Eq '^gmd [^ ]+: reg_hits=[0-9]+ reg_misses=[1-9]' ||
+      { echo "FAIL: gmd's counters show no registrations (gmd did not carry the traffic)"; fail=1; }
+  else
+    echo "$out" | grep -Eq '^gmd [^ ]+: reg_hits=[1-9]' ||
+      { echo "FAIL: gmd's counters show no registration hits (gmd did not carry the traffic)"; fail=1; }
+  fi
 fi
 [ $fail -eq 0 ] && echo "PASS: MPI over UCX_TLS=$UCX_TLS verified every byte, before and after re-mapping"
 exit $fail

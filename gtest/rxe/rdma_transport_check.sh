@@ -10,7 +10,7 @@ plugin=$1
 ulimit -l unlimited 2>/dev/null
 devs=($(ls /sys/class/infiniband 2>/dev/null))
 ((${#devs[@]} > 0)) || { echo "FAIL: no RDMA devices"; exit 1; }
-version=$(ucx_info -v | sed -n 's/^# Library version: //p')
+version=$(ucx_info -v | head -n 1 | grep -Eo '[0-9]+\.[0-9]+\.[0-9]+' | head -n 1)
 fail=0
 
 # transports_on DEVICE: the transports ucx_info -d lists for DEVICE:1, one a line

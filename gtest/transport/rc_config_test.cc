@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "md/abi/config_parser.h"
+
 namespace gmd::md::rc {
 namespace {
 
@@ -46,7 +48,7 @@ class RcConfigTest : public ::testing::Test {
     }
     std::memset(&config_, 0, sizeof(config_));
     const ucs_status_t st =
-        ucs_config_parser_fill_opts(&config_, kIfaceConfigTable, "UCX_", kIfaceConfigPrefix, 0);
+        ucx::fillConfig(&config_, kIfaceConfigTable, sizeof(config_), "UCX_", kIfaceConfigPrefix);
     filled_ = st == UCS_OK;
     return st;
   }

@@ -34,8 +34,10 @@ ucs_status_t query(uct_md_h md, Attr* attr) {
   }
   attr->reg_mem_types = v1.cap.reg_mem_types;
   attr->reg_nonblock_mem_types = 0;
-  // gmd caches its own registrations; UCP's cache would only hold them longer.
-  attr->cache_mem_types = 0;
+  // Registrations may be cached by the caller (gmd invalidates its own on unmap and CUDA free as
+  // well): UCP from 1.16 registers through its cache, and its datatype iterator takes only MDs that
+  // allow it.
+  attr->cache_mem_types = v1.cap.reg_mem_types;
   if constexpr (requires { attr->gva_mem_types; }) attr->gva_mem_types = 0;
   attr->detect_mem_types = v1.cap.detect_mem_types;
   attr->alloc_mem_types = v1.cap.alloc_mem_types;
