@@ -33,7 +33,8 @@ gmd_build() {
   local dir=$1
   shift
   gmd_log "configuring $dir $*"
-  cmake -S "$GMD_SRC" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGMD_WERROR=ON "$@"
+  cmake -S "$GMD_SRC" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
+        -DGMD_WERROR=ON "$@"
   gmd_log "building $dir"
   cmake --build "$dir" -j "$GMD_JOBS"
 }

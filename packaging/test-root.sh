@@ -3,7 +3,8 @@
 # 1.18, sid: UCX 1.23), as root: the Debian root (packaging/debian-root.sh, cached), gmd built inside
 # it into build-SUITE/, its unit tests there, and the rxe tests in the soft-RoCE VM running inside the
 # root (gtest/rxe/run-in-vm --root). Prints one "stage SUITE/NAME: PASS|FAIL|SKIP (N s)" line per
-# stage to stdout and to $GMD_STAGE_LOG when set; exits non-zero when a stage fails.
+# stage to stdout and to $GMD_STAGE_LOG when set; exits non-zero when a stage fails. Last, the
+# release's Debian package (cpack) installed into a clean copy of the root (packaging/package-check.sh).
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 source "$(dirname "$0")/root-env.sh"
@@ -32,7 +33,8 @@ stage root PASS $((SECONDS - t)) "UCX $ucx"
 
 t=$SECONDS
 gmd_log "$suite: building gmd against UCX $ucx in $build"
-if gmd_in_root "$root" "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGMD_WERROR=ON && cmake --build $build -j $GMD_JOBS"; then
+if gmd_in_root "$root" "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+     -DCMAKE_INSTALL_PREFIX=/usr -DGMD_WERROR=ON && cmake --build $build -j $GMD_JOBS"; then
   stage build PASS $((SECONDS - t)) "UCX $ucx"
 else
   stage build FAIL $((SECONDS - t))
@@ -54,6 +56,17 @@ if GMD_VM_ROOT=$root ctest --test-dir "$GMD_SRC/$build" --output-on-failure -L r
   stage rxe PASS $((SECONDS - t)) "MD, gmd_rc, ucx_info, ucx_perftest, MPI"
 else
   stage rxe FAIL $((SECONDS - t))
+fi
+
+# The Debian package of this UCX minor, installed into a clean copy of the root.
+t=$SECONDS
+gmd_log "$suite: Debian package (cpack), installed into a clean $suite root"
+rm -f "$GMD_SRC/$build"/ucx-gmd_*.deb
+if gmd_in_root "$root" "cd $build && cpack -G DEB >/dev/null" &&
+   "$GMD_SRC/packaging/package-check.sh" "$suite" "$GMD_SRC/$build"/ucx-gmd_*.deb; then
+  stage package PASS $((SECONDS - t)) "$(basename "$GMD_SRC/$build"/ucx-gmd_*.deb)"
+else
+  stage package FAIL $((SECONDS - t))
 fi
 
 exit $rc

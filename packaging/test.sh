@@ -50,6 +50,15 @@ stage tsan-unit $t env TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1}" \
   ctest --test-dir "$GMD_SRC/build-tsan" --output-on-failure -j "$GMD_JOBS" -L unit \
         -R '[Tt]hread|[Ss]tress|[Cc]oncurren'
 
+# The Debian 12 package, installed into a clean Debian 12 root.
+t=$SECONDS
+gmd_log "bookworm: Debian package (cpack), installed into a clean bookworm root"
+rm -f "$GMD_BUILD"/ucx-gmd_*.deb
+if [[ -n ${GMD_TEST_SUITES-trixie sid} ]]; then
+  stage package $t bash -c "cd '$GMD_BUILD' && cpack -G DEB >/dev/null &&
+    '$GMD_SRC/packaging/package-check.sh' bookworm '$GMD_BUILD'/ucx-gmd_*.deb"
+fi
+
 # Other Debian releases, each against its own UCX.
 plugins=("$GMD_BUILD/md/libuct_gmd.so")
 for suite in ${GMD_TEST_SUITES-trixie sid}; do

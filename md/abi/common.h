@@ -17,6 +17,19 @@ struct Component;     // per generation
 struct MdOps;         // per generation
 struct IfaceInternalOps;  // per generation
 
+// The component's methods that kept their signature from 1.13 to 1.23 (rkey_unpack changed in 1.19).
+using QueryMdResourcesFn = ucs_status_t (*)(Component* component,
+                                            uct_md_resource_desc_t** resources_p,
+                                            unsigned* num_resources_p);
+using MdOpenFn = ucs_status_t (*)(Component* component, const char* md_name,
+                                  const uct_md_config_t* config, uct_md_h* md_p);
+using CmOpenFn = ucs_status_t (*)(Component* component, uct_worker_h worker,
+                                  const uct_cm_config_t* config, uct_cm_h* cm_p);
+using RkeyPtrFn = ucs_status_t (*)(Component* component, uct_rkey_t rkey, void* handle,
+                                   uint64_t remote_addr, void** local_addr_p);
+using RkeyReleaseFn = ucs_status_t (*)(Component* component, uct_rkey_t rkey, void* handle);
+using MdVfsInitFn = void (*)(uct_md_h md);
+
 // uct_md_mem_dereg_v2() parameters (UCX's uninstalled uct/api/v2/uct_v2.h), unchanged 1.13-1.23.
 enum : std::uint64_t {
   kDeregFieldMemh = 1u << 0,

@@ -1,11 +1,14 @@
-// ucs_config_parser_fill_opts() across UCX releases: up to 1.14 it takes (table, env prefix, table
-// prefix), from 1.15 on a config list entry. Public API in both shapes; this picks the one the
-// installed header declares, for code that parses a config table itself (unit tests).
+// Config calls whose shape changed across UCX releases, for code that handles config tables itself
+// (tests): ucs_config_parser_fill_opts() takes (table, env prefix, table prefix) up to 1.14 and a
+// config list entry from 1.15 on; uct_config_modify() matches a field's bare name up to 1.14 and the
+// name with the table's prefix from 1.15 on.
 #pragma once
 
 #include <ucs/config/parser.h>
+#include <uct/api/uct.h>
 
 #include <cstddef>
+#include <string>
 #include <type_traits>
 
 namespace gmd::ucx {
@@ -25,6 +28,17 @@ ucs_status_t fillConfig(void* opts, ucs_config_field_t* table, std::size_t size,
   } else {
     return fill(opts, table, env_prefix, table_prefix, 0);
   }
+}
+
+// uct_config_modify(config, name, value) for a field `name` of a table with `table_prefix`
+// (e.g. "GMD_RC_" and "MAX_READ"), in the form the running UCX matches.
+inline ucs_status_t configModify(void* config, const char* table_prefix, const char* name,
+                                 const char* value) {
+  ucs_status_t st = uct_config_modify(config, name, value);
+  if (st == UCS_ERR_NO_ELEM) {
+    st = uct_config_modify(config, (std::string(table_prefix) + name).c_str(), value);
+  }
+  return st;
 }
 
 }  // namespace gmd::ucx

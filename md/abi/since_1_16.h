@@ -43,5 +43,8 @@ static_assert(sizeof(EpIsConnectedParams) == 32, "UCX ep_is_connected params lay
 struct RkeyCompareParams {
   std::uint64_t field_mask;
 };
+// The component's rkey_compare (after rkey_release).
+using RkeyCompareFn = ucs_status_t (*)(Component* component, uct_rkey_t rkey1, uct_rkey_t rkey2,
+                                       const RkeyCompareParams* params, int* result);
 
 }  // namespace gmd::ucx

@@ -25,19 +25,8 @@ inline constexpr bool kOwnInternalOps = false;   // 1.16: no default internal-op
 inline constexpr const char* kAbiHas = "uct_md_mkey_pack_v2";
 inline constexpr const char* kAbiLacks = "uct_md_mem_reg_v2";  // 1.14
 
-using QueryMdResourcesFn = ucs_status_t (*)(Component* component,
-                                            uct_md_resource_desc_t** resources_p,
-                                            unsigned* num_resources_p);
-using MdOpenFn = ucs_status_t (*)(Component* component, const char* md_name,
-                                  const uct_md_config_t* config, uct_md_h* md_p);
-using CmOpenFn = ucs_status_t (*)(Component* component, uct_worker_h worker,
-                                  const uct_cm_config_t* config, uct_cm_h* cm_p);
 using RkeyUnpackFn = ucs_status_t (*)(Component* component, const void* rkey_buffer,
                                       uct_rkey_t* rkey_p, void** handle_p);
-using RkeyPtrFn = ucs_status_t (*)(Component* component, uct_rkey_t rkey, void* handle,
-                                   uint64_t remote_addr, void** local_addr_p);
-using RkeyReleaseFn = ucs_status_t (*)(Component* component, uct_rkey_t rkey, void* handle);
-using MdVfsInitFn = void (*)(uct_md_h md);
 
 // libuct's component descriptor (208 bytes). Registered with uct_component_register(), which links
 // `list` into libuct's component list and the two config entries into the global config list.

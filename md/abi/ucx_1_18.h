@@ -85,21 +85,8 @@ static_assert(sizeof(uct_md_mem_attr_t) == 48, "UCX 1.18 public memory attribute
 
 // --- The tables --------------------------------------------------------------------------------
 
-using QueryMdResourcesFn = ucs_status_t (*)(Component* component,
-                                            uct_md_resource_desc_t** resources_p,
-                                            unsigned* num_resources_p);
-using MdOpenFn = ucs_status_t (*)(Component* component, const char* md_name,
-                                  const uct_md_config_t* config, uct_md_h* md_p);
-using CmOpenFn = ucs_status_t (*)(Component* component, uct_worker_h worker,
-                                  const uct_cm_config_t* config, uct_cm_h* cm_p);
 using RkeyUnpackFn = ucs_status_t (*)(Component* component, const void* rkey_buffer,
                                       uct_rkey_t* rkey_p, void** handle_p);
-using RkeyPtrFn = ucs_status_t (*)(Component* component, uct_rkey_t rkey, void* handle,
-                                   uint64_t remote_addr, void** local_addr_p);
-using RkeyReleaseFn = ucs_status_t (*)(Component* component, uct_rkey_t rkey, void* handle);
-using RkeyCompareFn = ucs_status_t (*)(Component* component, uct_rkey_t rkey1, uct_rkey_t rkey2,
-                                       const RkeyCompareParams* params, int* result);
-using MdVfsInitFn = void (*)(uct_md_h md);
 
 // 232 bytes: rkey_compare (1.16) after rkey_release; config entries of 56 bytes (1.15).
 struct Component {

@@ -118,22 +118,9 @@ struct RkeyUnpackParams {
 // The public iface attributes gained ctl_device (1.22); 0 is a real device.
 static_assert(offsetof(uct_iface_attr_t, ctl_device) > 0, "UCX 1.22 uct_iface_attr_t.ctl_device");
 
-using QueryMdResourcesFn = ucs_status_t (*)(Component* component,
-                                            uct_md_resource_desc_t** resources_p,
-                                            unsigned* num_resources_p);
-using MdOpenFn = ucs_status_t (*)(Component* component, const char* md_name,
-                                  const uct_md_config_t* config, uct_md_h* md_p);
-using CmOpenFn = ucs_status_t (*)(Component* component, uct_worker_h worker,
-                                  const uct_cm_config_t* config, uct_cm_h* cm_p);
 using RkeyUnpackFn = ucs_status_t (*)(Component* component, const void* rkey_buffer,
                                       const RkeyUnpackParams* params, uct_rkey_t* rkey_p,
                                       void** handle_p);
-using RkeyPtrFn = ucs_status_t (*)(Component* component, uct_rkey_t rkey, void* handle,
-                                   uint64_t remote_addr, void** local_addr_p);
-using RkeyReleaseFn = ucs_status_t (*)(Component* component, uct_rkey_t rkey, void* handle);
-using RkeyCompareFn = ucs_status_t (*)(Component* component, uct_rkey_t rkey1, uct_rkey_t rkey2,
-                                       const RkeyCompareParams* params, int* result);
-using MdVfsInitFn = void (*)(uct_md_h md);
 
 struct Component {
   char name[UCT_COMPONENT_NAME_MAX];
