@@ -20,6 +20,7 @@
 
 #include "gtest/rxe/uct_fixture.h"
 #include "gtest/rxe/verbs_fixture.h"
+#include "md/abi/config_parser.h"
 
 namespace gmd::test {
 
@@ -98,7 +99,8 @@ class GmdRc : public ::testing::TestWithParam<bool> {  // param: initiator on an
     uct_iface_config_t* ic = nullptr;
     ASSERT_EQ(UCS_OK, uct_md_iface_config_read(s->md, "gmd_rc", nullptr, nullptr, &ic));
     for (const auto& [name, value] : iface_config_) {
-      ASSERT_EQ(UCS_OK, uct_config_modify(ic, name, value)) << name << "=" << value;
+      // UCX up to 1.14 matches bare field names, later releases the prefixed ones.
+      ASSERT_EQ(UCS_OK, ucx::configModify(ic, "GMD_RC_", name, value)) << name << "=" << value;
     }
     const std::string port = dev + ":1";
     uct_iface_params_t p{};

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "gtest/rxe/uct_fixture.h"
+#include "md/abi/config_parser.h"
 #include "gtest/rxe/verbs_fixture.h"
 #include "gtest/transport/rc_fixture.h"
 
@@ -525,7 +526,8 @@ TEST(GmdRcConfig, ValuesAboveTheHardwareLimitsAreRefusedAtIfaceOpen) {
   for (const auto& [name, value] : cases) {
     uct_iface_config_t* ic = nullptr;
     ASSERT_EQ(UCS_OK, uct_md_iface_config_read(md, "gmd_rc", nullptr, nullptr, &ic));
-    ASSERT_EQ(UCS_OK, uct_config_modify(ic, name.c_str(), value.c_str())) << name << "=" << value;
+    ASSERT_EQ(UCS_OK, ucx::configModify(ic, "GMD_RC_", name.c_str(), value.c_str()))
+        << name << "=" << value;
     uct_iface_params_t p{};
     p.field_mask = UCT_IFACE_PARAM_FIELD_OPEN_MODE;
     p.open_mode = UCT_IFACE_OPEN_MODE_DEVICE;
