@@ -129,15 +129,15 @@ struct Marker {
   const char* release;
 };
 constexpr Marker kMarkers[] = {
-    {"uct_md_mkey_pack_v2", "1.13"},      {"uct_md_mem_reg_v2", "1.14"},
-    {"uct_rkey_compare", "1.16"},         {"uct_iface_fill_info_str_buf", "1.18"},
+    {"uct_md_mkey_pack_v2", "1.13"},        {"uct_md_mem_reg_v2", "1.14"},
+    {"uct_rkey_compare", "1.16"},           {"uct_iface_fill_info_str_buf", "1.18"},
     {"uct_rkey_unpack_v2", "1.19 to 1.21"}, {"uct_ep_put_sgl_zcopy", "1.22"},
     {"uct_md_mem_elem_release", "1.23"},
 };
 
 // The running UCX must have the component ABI this module was built for (md/ucx_abi.h). libuct has
-// no version call, so its exports tell the generation; libucp, where the process has loaded it, tells
-// the exact release. Nothing here may need a symbol only some releases export.
+// no version call, so its exports tell the generation; libucp, where the process has loaded it,
+// tells the exact release. Nothing here may need a symbol only some releases export.
 bool runningUcxMatches(char* why, std::size_t why_len) {
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&uct_component_register), &info) == 0 ||
@@ -165,8 +165,8 @@ bool runningUcxMatches(char* why, std::size_t why_len) {
     unsigned major = 0, minor = 0, release = 0;
     get(&major, &minor, &release);
     std::snprintf(why, why_len, "the running UCX is %u.%u.%u", major, minor, release);
-    match = match && major == ucx::kAbiMajor && minor >= ucx::kAbiMinor &&
-            minor <= ucx::kAbiLastMinor;
+    match =
+        match && major == ucx::kAbiMajor && minor >= ucx::kAbiMinor && minor <= ucx::kAbiLastMinor;
   }
   return match;
 }
@@ -174,9 +174,10 @@ bool runningUcxMatches(char* why, std::size_t why_len) {
 __attribute__((constructor)) void registerComponent() {
   char why[96];
   if (!runningUcxMatches(why, sizeof(why))) {
-    ucs_warn("gmd: built for UCX %s but %s: component gmd not registered (build gmd against the "
-             "UCX it runs with)",
-             ucx::kAbiName, why);
+    ucs_warn(
+        "gmd: built for UCX %s but %s: component gmd not registered (build gmd against the "
+        "UCX it runs with)",
+        ucx::kAbiName, why);
     return;
   }
   ucs_list_head_init(&g_component.tl_list);

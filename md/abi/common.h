@@ -1,23 +1,24 @@
-// The part of UCX's component ABI that every generation gmd mirrors shares (1.13 to 1.23, x86-64 and
-// aarch64, LP64): the MD header, the transport descriptor, the interface base class and the
+// The part of UCX's component ABI that every generation gmd mirrors shares (1.13 to 1.23, x86-64
+// and aarch64, LP64): the MD header, the transport descriptor, the interface base class and the
 // deregistration / key-packing parameters. gmd's own declarations, with UCX's layout; included by
 // the generation files md/abi/ucx_<major>_<minor>.h, never directly (md/ucx_abi.h picks one).
 #pragma once
 
-#include <uct/api/uct.h>  // includes uct/api/tl.h
 #include <ucs/config/parser.h>
 #include <ucs/datastruct/list.h>
+#include <uct/api/uct.h>  // includes uct/api/tl.h
 
 #include <cstddef>
 #include <cstdint>
 
 namespace gmd::ucx {
 
-struct Component;     // per generation
-struct MdOps;         // per generation
+struct Component;         // per generation
+struct MdOps;             // per generation
 struct IfaceInternalOps;  // per generation
 
-// The component's methods that kept their signature from 1.13 to 1.23 (rkey_unpack changed in 1.19).
+// The component's methods that kept their signature from 1.13 to 1.23 (rkey_unpack changed
+// in 1.19).
 using QueryMdResourcesFn = ucs_status_t (*)(Component* component,
                                             uct_md_resource_desc_t** resources_p,
                                             unsigned* num_resources_p);
@@ -84,12 +85,13 @@ static_assert(offsetof(Transport, config) == 32, "UCX tl descriptor layout");
 static_assert(sizeof(Transport) == 32 + sizeof(ucs_config_global_list_entry_t) + 16,
               "UCX tl descriptor layout");
 
-// --- Interfaces and endpoints (uct/base/uct_iface.h, uct/base/uct_worker.h) ------------------------
+// --- Interfaces and endpoints (uct/base/uct_iface.h, uct/base/uct_worker.h)
+// ------------------------
 //
 // libuct's own functions dereference an iface beyond its ops table (uct_iface_set_am_handler,
-// uct_iface_estimate_perf, uct_iface_mem_alloc, uct_iface_handle_ep_err, the progress helpers), so a
-// transport's iface must start with this base (uct_iface_t holds the ops table by value). An endpoint
-// only needs uct_ep_t (its iface pointer). Built without statistics (Debian's UCX has no
+// uct_iface_estimate_perf, uct_iface_mem_alloc, uct_iface_handle_ep_err, the progress helpers), so
+// a transport's iface must start with this base (uct_iface_t holds the ops table by value). An
+// endpoint only needs uct_ep_t (its iface pointer). Built without statistics (Debian's UCX has no
 // ENABLE_STATS), so no stats node follows the config.
 
 // The transport-independent part of every iface configuration (uct_iface_config_table fills it).

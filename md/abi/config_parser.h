@@ -1,7 +1,7 @@
 // Config calls whose shape changed across UCX releases, for code that handles config tables itself
 // (tests): ucs_config_parser_fill_opts() takes (table, env prefix, table prefix) up to 1.14 and a
-// config list entry from 1.15 on; uct_config_modify() matches a field's bare name up to 1.14 and the
-// name with the table's prefix from 1.15 on.
+// config list entry from 1.15 on; uct_config_modify() matches a field's bare name up to 1.14 and
+// the name with the table's prefix from 1.15 on.
 #pragma once
 
 #include <ucs/config/parser.h>

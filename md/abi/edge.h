@@ -1,11 +1,11 @@
 // The UCX edge: where gmd's one implementation of the MD, the component and gmd_rc meets the ops
 // tables of the UCX generation it is built for (md/ucx_abi.h).
 //
-// md/md.cc implements the MD operations once, in UCX 1.13's terms (MdImpl). md/abi/edge_md.cc builds
-// the generation's MD ops table from it, one thin adapter per signature UCX has used (overloads and
-// templates: the table's slot type picks the adapter at compile time); md/abi/edge_iface.cc does the
-// same for gmd_rc's iface internal ops. A new generation whose slots only take shapes seen before needs
-// no change here, only its md/abi/ucx_<major>_<minor>.h.
+// md/md.cc implements the MD operations once, in UCX 1.13's terms (MdImpl). md/abi/edge_md.cc
+// builds the generation's MD ops table from it, one thin adapter per signature UCX has used
+// (overloads and templates: the table's slot type picks the adapter at compile time);
+// md/abi/edge_iface.cc does the same for gmd_rc's iface internal ops. A new generation whose slots
+// only take shapes seen before needs no change here, only its md/abi/ucx_<major>_<minor>.h.
 //
 // Thread safety: the tables are immutable after static initialisation; the adapters are as
 // thread-safe as the operations they forward to.

@@ -54,8 +54,7 @@ int isReachableV2(uct_iface_h tl_iface, const Params* params) {
 template <typename Params>
 int isConnected(uct_ep_h ep, const Params* params) {
   constexpr std::uint64_t kNeed = ucx::kConnectedFieldDeviceAddr | ucx::kConnectedFieldIfaceAddr;
-  if ((params->field_mask & ucx::kConnectedFieldEpAddr) ||
-      (params->field_mask & kNeed) != kNeed) {
+  if ((params->field_mask & ucx::kConnectedFieldEpAddr) || (params->field_mask & kNeed) != kNeed) {
     return 0;
   }
   return Ep::from(ep)->connectedTo(params->device_addr, params->iface_addr) ? 1 : 0;
@@ -73,7 +72,8 @@ template <typename Params>
 ucs_status_t epInvalidate(uct_ep_h, const Params*) {
   return UCS_ERR_UNSUPPORTED;
 }
-[[maybe_unused]] ucs_status_t connectToEpV2(uct_ep_h, const uct_device_addr_t*, const uct_ep_addr_t*, const void*) {
+[[maybe_unused]] ucs_status_t connectToEpV2(uct_ep_h, const uct_device_addr_t*,
+                                            const uct_ep_addr_t*, const void*) {
   return UCS_ERR_UNSUPPORTED;
 }
 // iface_query_v2 (1.20 on): gmd_rc has no v2 capabilities (SGL, tokens). UCP queries it only for

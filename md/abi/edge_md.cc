@@ -15,7 +15,9 @@ namespace {
 void close(uct_md_h md) { mdImpl().close(md); }
 
 // query: the public attributes (1.13).
-[[maybe_unused]] ucs_status_t query(uct_md_h md, uct_md_attr_t* attr) { return mdImpl().query(md, attr); }
+[[maybe_unused]] ucs_status_t query(uct_md_h md, uct_md_attr_t* attr) {
+  return mdImpl().query(md, attr);
+}
 
 // query: uct_md_attr_v2_t (1.14 on). Filled from the public attributes, plus what only v2 has.
 template <typename Attr>
@@ -57,18 +59,16 @@ ucs_status_t query(uct_md_h md, Attr* attr) {
 }
 
 // mem_alloc: gmd allocates nothing. Without (up to 1.18) and with (1.19 on) a system device.
-[[maybe_unused]] ucs_status_t memAlloc(uct_md_h, size_t*, void**, ucs_memory_type_t, unsigned, const char*,
-                      uct_mem_h*) {
+[[maybe_unused]] ucs_status_t memAlloc(uct_md_h, size_t*, void**, ucs_memory_type_t, unsigned,
+                                       const char*, uct_mem_h*) {
   return UCS_ERR_UNSUPPORTED;
 }
-[[maybe_unused]] ucs_status_t memAlloc(uct_md_h, size_t*, void**, ucs_memory_type_t, ucs_sys_device_t, unsigned,
-                      const char*, uct_mem_h*) {
+[[maybe_unused]] ucs_status_t memAlloc(uct_md_h, size_t*, void**, ucs_memory_type_t,
+                                       ucs_sys_device_t, unsigned, const char*, uct_mem_h*) {
   return UCS_ERR_UNSUPPORTED;
 }
 ucs_status_t memFree(uct_md_h, uct_mem_h) { return UCS_ERR_UNSUPPORTED; }
-ucs_status_t memAdvise(uct_md_h, uct_mem_h, void*, size_t, unsigned) {
-  return UCS_ERR_UNSUPPORTED;
-}
+ucs_status_t memAdvise(uct_md_h, uct_mem_h, void*, size_t, unsigned) { return UCS_ERR_UNSUPPORTED; }
 
 // mem_reg: flags (1.13), a parameter struct (1.14 on).
 [[maybe_unused]] ucs_status_t memReg(uct_md_h md, void* address, size_t length, unsigned flags,
@@ -80,7 +80,8 @@ ucs_status_t memReg(uct_md_h md, void* address, size_t length, const Params* par
                     uct_mem_h* memh_p) {
   if (params == nullptr) return UCS_ERR_INVALID_PARAM;
   // gmd advertises no dma-buf memory types: a caller passing a dma-buf asks for what it lacks.
-  if ((params->field_mask & Params::kFieldDmabufFd) && params->dmabuf_fd != Params::kDmabufFdInvalid) {
+  if ((params->field_mask & Params::kFieldDmabufFd) &&
+      params->dmabuf_fd != Params::kDmabufFdInvalid) {
     return UCS_ERR_UNSUPPORTED;
   }
   std::uint64_t flags = (params->field_mask & Params::kFieldFlags) ? params->flags : 0;
@@ -107,9 +108,9 @@ ucs_status_t memDereg(uct_md_h md, const ucx::DeregParams* params) {
 template <typename Attr>
 ucs_status_t memQuery(uct_md_h md, const void* address, size_t length, Attr* attr) {
   uct_md_mem_attr_t v1{};
-  v1.field_mask = attr->field_mask & (UCT_MD_MEM_ATTR_FIELD_MEM_TYPE | UCT_MD_MEM_ATTR_FIELD_SYS_DEV |
-                                    UCT_MD_MEM_ATTR_FIELD_BASE_ADDRESS |
-                                    UCT_MD_MEM_ATTR_FIELD_ALLOC_LENGTH);
+  v1.field_mask =
+      attr->field_mask & (UCT_MD_MEM_ATTR_FIELD_MEM_TYPE | UCT_MD_MEM_ATTR_FIELD_SYS_DEV |
+                          UCT_MD_MEM_ATTR_FIELD_BASE_ADDRESS | UCT_MD_MEM_ATTR_FIELD_ALLOC_LENGTH);
   if (const ucs_status_t st = mdImpl().mem_query(md, address, length, &v1); st != UCS_OK) {
     return st;
   }
@@ -124,11 +125,12 @@ ucs_status_t memQuery(uct_md_h md, const void* address, size_t length, Attr* att
 }
 
 // mkey_pack: without (up to 1.15) and with (1.16 on) the address range; the key covers the handle.
-[[maybe_unused]] ucs_status_t mkeyPack(uct_md_h md, uct_mem_h memh, const ucx::MkeyPackParams*, void* buffer) {
+[[maybe_unused]] ucs_status_t mkeyPack(uct_md_h md, uct_mem_h memh, const ucx::MkeyPackParams*,
+                                       void* buffer) {
   return mdImpl().mkey_pack(md, memh, buffer);
 }
-[[maybe_unused]] ucs_status_t mkeyPack(uct_md_h md, uct_mem_h memh, void*, size_t, const ucx::MkeyPackParams*,
-                      void* buffer) {
+[[maybe_unused]] ucs_status_t mkeyPack(uct_md_h md, uct_mem_h memh, void*, size_t,
+                                       const ucx::MkeyPackParams*, void* buffer) {
   return mdImpl().mkey_pack(md, memh, buffer);
 }
 
@@ -138,7 +140,8 @@ ucs_status_t memAttach(uct_md_h, const void*, Params*, uct_mem_h*) {
   return UCS_ERR_UNSUPPORTED;
 }
 
-[[maybe_unused]] int isSockaddrAccessible(uct_md_h, const ucs_sock_addr_t*, uct_sockaddr_accessibility_t) {
+[[maybe_unused]] int isSockaddrAccessible(uct_md_h, const ucs_sock_addr_t*,
+                                          uct_sockaddr_accessibility_t) {
   return 0;
 }
 

@@ -1,9 +1,10 @@
 // UCX 1.13 component ABI, declared by gmd (x86-64 and aarch64, LP64).
 //
 // UCX installs only its public API; the structures a component must hand to libuct (the component,
-// the MD ops table, the iface internal ops) live in headers UCX does not install. These are gmd's own
-// declarations with the same layout; what every generation shares is in md/abi/common.h. Another
-// generation is a sibling file (see md/README.md, "UCX ABI generations"), never an edit of this one.
+// the MD ops table, the iface internal ops) live in headers UCX does not install. These are gmd's
+// own declarations with the same layout; what every generation shares is in md/abi/common.h.
+// Another generation is a sibling file (see md/README.md, "UCX ABI generations"), never an edit of
+// this one.
 #pragma once
 
 #include "md/abi/common.h"
@@ -42,7 +43,7 @@ struct Component {
   ucs_config_global_list_entry_t cm_config;
   ucs_list_link_t tl_list;  // transports of this component (Transport::list)
   ucs_list_link_t list;
-  uint64_t flags;  // UCT_COMPONENT_FLAG_*
+  uint64_t flags;           // UCT_COMPONENT_FLAG_*
   MdVfsInitFn md_vfs_init;  // called unconditionally by uct_md_open
 };
 static_assert(sizeof(ucs_config_global_list_entry_t) == 48, "UCX 1.13 config entry layout");
@@ -93,5 +94,7 @@ __attribute__((weak)) extern gmd::ucx::IfaceInternalOps uct_base_iface_internal_
 }
 
 namespace gmd::ucx {
-inline IfaceInternalOps* libuctDefaultInternalOps() noexcept { return &uct_base_iface_internal_ops; }
+inline IfaceInternalOps* libuctDefaultInternalOps() noexcept {
+  return &uct_base_iface_internal_ops;
+}
 }  // namespace gmd::ucx

@@ -1,6 +1,6 @@
-// UCX 1.18 component ABI, declared by gmd (x86-64 and aarch64, LP64). Serves 1.18 only: 1.19 changes
-// the component's rkey_unpack. What every generation shares is in md/abi/common.h; see md/README.md,
-// "UCX ABI generations".
+// UCX 1.18 component ABI, declared by gmd (x86-64 and aarch64, LP64). Serves 1.18 only: 1.19
+// changes the component's rkey_unpack. What every generation shares is in md/abi/common.h; see
+// md/README.md, "UCX ABI generations".
 #pragma once
 
 #include "md/abi/common.h"
@@ -22,15 +22,16 @@ inline constexpr bool kOwnInternalOps = true;
 inline constexpr const char* kAbiHas = "uct_iface_fill_info_str_buf";
 inline constexpr const char* kAbiLacks = "uct_rkey_unpack_v2";
 
-// --- Parameter and attribute structs of the MD ops (uct/api/v2/uct_v2.h, not installed) -----------
+// --- Parameter and attribute structs of the MD ops (uct/api/v2/uct_v2.h, not installed)
+// -----------
 
 // mem_reg parameters (1.14-1.21 layout).
 struct MemRegParams {
   static constexpr std::uint64_t kFieldFlags = 1u << 0;
   static constexpr std::uint64_t kFieldDmabufFd = 1u << 1;
   static constexpr int kDmabufFdInvalid = -1;  // UCT_DMABUF_FD_INVALID
-  // Public mem_reg flags newer than 1.13 (uct_md_mem_flags): a hint the MD may ignore, and global-VA
-  // registration, which gmd does not offer (it advertises no gva_mem_types).
+  // Public mem_reg flags newer than 1.13 (uct_md_mem_flags): a hint the MD may ignore, and
+  // global-VA registration, which gmd does not offer (it advertises no gva_mem_types).
   static constexpr std::uint64_t kFlagSymmetricRkey = 1u << 10;
   static constexpr std::uint64_t kFlagGva = 1u << 11;
   std::uint64_t field_mask;
@@ -73,8 +74,7 @@ struct MdAttrV2 {
   char global_id[UCT_MD_GLOBAL_ID_MAX];
   size_t reg_alignment;
 };
-static_assert(MdAttrV2::kFlagInvalidateRma == (1u << 11),
-              "UCX 1.18 UCT_MD_FLAG_INVALIDATE_RMA");
+static_assert(MdAttrV2::kFlagInvalidateRma == (1u << 11), "UCX 1.18 UCT_MD_FLAG_INVALIDATE_RMA");
 static_assert(sizeof(MdAttrV2) == 536, "UCX 1.18 MD attributes v2 layout");
 static_assert(offsetof(MdAttrV2, gva_mem_types) == 56, "UCX 1.18 MD attributes v2 layout");
 static_assert(offsetof(MdAttrV2, local_cpus) == 136, "UCX 1.18 MD attributes v2 layout");

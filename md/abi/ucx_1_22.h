@@ -34,8 +34,8 @@ struct MemRegParams {
   static constexpr std::uint64_t kFieldFlags = 1u << 0;
   static constexpr std::uint64_t kFieldDmabufFd = 1u << 1;
   static constexpr int kDmabufFdInvalid = -1;  // UCT_DMABUF_FD_INVALID
-  // Public mem_reg flags newer than 1.13 (uct_md_mem_flags): a hint the MD may ignore, and global-VA
-  // registration, which gmd does not offer (it advertises no gva_mem_types).
+  // Public mem_reg flags newer than 1.13 (uct_md_mem_flags): a hint the MD may ignore, and
+  // global-VA registration, which gmd does not offer (it advertises no gva_mem_types).
   static constexpr std::uint64_t kFlagSymmetricRkey = 1u << 10;
   static constexpr std::uint64_t kFlagGva = 1u << 11;
   std::uint64_t field_mask;
@@ -77,8 +77,7 @@ struct MdAttrV2 {
   size_t reg_alignment;
   std::uint8_t required_mem_flags;
 };
-static_assert(MdAttrV2::kFlagInvalidateRma == (1u << 11),
-              "UCX 1.22 UCT_MD_FLAG_INVALIDATE_RMA");
+static_assert(MdAttrV2::kFlagInvalidateRma == (1u << 11), "UCX 1.22 UCT_MD_FLAG_INVALIDATE_RMA");
 static_assert(sizeof(MdAttrV2) == 544, "UCX 1.22 MD attributes v2 layout");
 static_assert(offsetof(MdAttrV2, reg_alignment) == 528, "UCX 1.22 MD attributes v2 layout");
 
@@ -202,4 +201,3 @@ static_assert(sizeof(IfaceInternalOps) == (12 + kSpareSlots) * sizeof(void*),
 inline IfaceInternalOps* libuctDefaultInternalOps() noexcept { return nullptr; }
 
 }  // namespace gmd::ucx
-

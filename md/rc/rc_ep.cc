@@ -279,7 +279,8 @@ bool Ep::connectedTo(const uct_device_addr_t* dev_addr,
     return false;
   }
   return i.ipv4_be == peer_iface_.ipv4_be && i.port_be == peer_iface_.port_be &&
-         d.lid == peer_dev_.lid && std::memcmp(d.gid.raw, peer_dev_.gid.raw, sizeof(d.gid.raw)) == 0;
+         d.lid == peer_dev_.lid &&
+         std::memcmp(d.gid.raw, peer_dev_.gid.raw, sizeof(d.gid.raw)) == 0;
 }
 
 }  // namespace gmd::md::rc
