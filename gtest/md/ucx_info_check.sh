@@ -10,7 +10,8 @@ devices=$(ls /sys/class/infiniband 2>/dev/null)
 out=$(LD_PRELOAD=$plugin ucx_info -d 2>&1)
 echo "$out" | grep -q 'Component: gmd' || { echo "FAIL: ucx_info -d does not list component gmd"; fail=1; }
 for d in $devices; do
-  echo "$out" | awk '/Component: gmd/{g=1} /Component:/&&!/gmd/{g=0} g' | grep -q "Memory domain: $d\$" ||
+  # Each "Memory domain: NAME" line comes right before its "Component:" line.
+  echo "$out" | grep -B1 'Component: gmd$' | grep -q "Memory domain: $d\$" ||
     { echo "FAIL: no gmd memory domain $d"; fail=1; }
 done
 # Each gmd_rc resource shows its system device: the NIC's PCI function, unknown for a virtual device.
