@@ -227,11 +227,14 @@ void CacheImpl::put(Region* region) noexcept {
   const auto len = static_cast<std::int64_t>(r->length());
   ReaderSlot* slot = mySlot();
   r->last_used_.store(releaseTick(slot), std::memory_order_relaxed);
+  // Read before the hold is dropped: once it is, an unused valid region may be evicted and freed
+  // by another thread at any moment.
+  const bool orphan = r->fork_gen_ != fork_gen_.load(std::memory_order_relaxed);
   const std::uint64_t prev = r->state_.fetch_sub(1, std::memory_order_acq_rel);
   if (__builtin_expect((prev & kHolderMask) == 1, 1)) {
     // The last holder. A valid region stays cached (unused); an invalid one is ours to deregister.
     // A region from before a fork() (in the child) is an orphan: out of every index, left alone.
-    if (__builtin_expect(r->fork_gen_ != fork_gen_.load(std::memory_order_relaxed), 0)) return;
+    if (__builtin_expect(orphan, 0)) return;
     if ((prev & kInvalid) == 0) {
       addUnused(slot, len);
     } else {

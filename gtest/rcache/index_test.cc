@@ -29,6 +29,12 @@ constexpr std::uintptr_t kPage = 4096;
 class IndexTest : public ::testing::Test {
  protected:
   ~IndexTest() override {
+    if (index_ != nullptr) {
+      // The index owns its current top and leaves only until detached (as the cache's destructor).
+      TestIndex::TopT* top = index_->detach();
+      for (std::size_t i = 0; i < top->size; ++i) TestIndex::releaseLeaf(top->leaf(i));
+      TestIndex::releaseTop(top);
+    }
     index_.reset();
     freeAll(reclaim_.retired.takeAll());
   }
