@@ -23,6 +23,21 @@ fail=0
 work=$(mktemp -d) || { echo "FAIL: mktemp"; exit 1; }
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
+# A ucx_perftest built with MPI (Debian 13's) waits for MPI peers unless told not to (-P 0).
+mpi_off=()
+ucx_perftest -h 2>&1 | grep -q -- '-P <0|1>' && mpi_off=(-P 0)
+# The client starts once the server listens on its port (a fixed pause is too short on a loaded
+# machine): up to 60 s, and not at all when the server has already exited.
+wait_for_server() {  # PID PORT
+  local i
+  command -v ss >/dev/null || { sleep 2; return 0; }
+  for ((i = 0; i < 600; i++)); do
+    kill -0 "$1" 2>/dev/null || return 1
+    [[ -n $(ss -Hltn "sport = :$2" 2>/dev/null) ]] && return 0
+    sleep 0.1
+  done
+  return 1
+}
 export LD_PRELOAD=$plugin UCX_TLS=gmd_rc,self
 
 # ucx_info -e connects a worker to itself; without self in the list every lane is a transport's.
@@ -39,12 +54,12 @@ fi
 
 run() {  # run MODE TEST SIZE ITERS: one server/client pair
   local mode=$1 test=$2 size=$3 iters=$4
-  local args=(-t "$test" -s "$size" -n "$iters" -w 2 -p "$port")
+  local args=(-t "$test" -s "$size" -n "$iters" -w 2 -p "$port" "${mpi_off[@]}")
   [[ $mode == sleep ]] && args+=(-E sleep)
-  port=$((port + 1))
   UCX_NET_DEVICES=$sdev timeout 120 ucx_perftest "${args[@]}" >server.log 2>&1 &
   local spid=$!
-  sleep 2
+  wait_for_server "$spid" "$port" || echo "note: the $test server is not listening on port $port"
+  port=$((port + 1))
   local out crc src
   out=$(UCX_NET_DEVICES=$cdev UCX_LOG_LEVEL=info timeout 120 ucx_perftest "$sip" "${args[@]}" 2>&1)
   crc=$?
