@@ -94,11 +94,13 @@ class MdForkInMode : public ::testing::Test {
     ASSERT_NE(nullptr, comp_) << "component gmd is not listed";
     ASSERT_GE(gmd_names.size(), 2u);
     names_ = gmd_names;
-    if (m != "env") {
-      // UCX's ib MD beside gmd's, as in every UCX process that loads gmd.
-      std::vector<std::string> ib_names;
-      uct_component_h ib = findComponent("ib", &ib_names);
-      ASSERT_NE(nullptr, ib) << "UCX's ib component is not listed";
+    std::vector<std::string> ib_names;
+    uct_component_h ib = m != "env" ? findComponent("ib", &ib_names) : nullptr;
+    if (m == "ib-md" && ib == nullptr) {
+      GTEST_SKIP() << "this UCX has no ib component (built without verbs transports)";
+    }
+    if (ib != nullptr) {
+      // UCX's ib MD beside gmd's, as in every UCX process that loads gmd (where UCX has one).
       ASSERT_FALSE(ib_names.empty());
       ucs_status_t st;
       ib_md_ = openMd(ib, ib_names[0], &st);
@@ -286,6 +288,10 @@ struct ModeCase {
 };
 
 void runInMode(const ModeCase& m) {
+  if (std::string(m.name) == "ib-md" && findComponent("ib") == nullptr) {
+    GTEST_SKIP() << "this UCX has no ib component (built without verbs transports, as Debian's "
+                    "UCX 1.23): no ib MD to open beside gmd's";
+  }
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;
