@@ -23,24 +23,13 @@ server_ip=${server_ip:-127.0.0.1}
 port=13337
 fail=0
 # ctest runs this in the build tree, which the VM guest sees read-only: logs go to a private folder.
+source "$(dirname "${BASH_SOURCE[0]}")/perftest_server.sh"
 work=$(mktemp -d) || { echo "FAIL: mktemp"; exit 1; }
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
 # A ucx_perftest built with MPI (Debian 13's) waits for MPI peers unless told not to (-P 0).
 mpi_off=()
 ucx_perftest -h 2>&1 | grep -q -- '-P <0|1>' && mpi_off=(-P 0)
-# The client starts once the server listens on its port (a fixed pause is too short on a loaded
-# machine): up to 60 s, and not at all when the server has already exited.
-wait_for_server() {  # PID
-  local i
-  command -v ss >/dev/null || { sleep 2; return 0; }
-  for ((i = 0; i < 600; i++)); do
-    kill -0 "$1" 2>/dev/null || return 1
-    [[ -n $(ss -Hltn "sport = :$port" 2>/dev/null) ]] && return 0
-    sleep 0.1
-  done
-  return 1
-}
 export LD_PRELOAD=$plugin
 for test in put_bw get; do
   for size in 4096 65536 1048576 8388608; do
@@ -48,7 +37,7 @@ for test in put_bw get; do
     args=(-x gmd_rc -t "$test" -D zcopy -s "$size" -n "$iters" -w 4 -p "$port" "${mpi_off[@]}")
     timeout 300 ucx_perftest -d "$server_dev" "${args[@]}" >server.log 2>&1 &
     spid=$!
-    wait_for_server "$spid" || echo "note: the $test server is not listening on port $port"
+    wait_for_server "$spid" "$port" || echo "note: the $test server is not listening on port $port"
     out=$(timeout 300 ucx_perftest "$server_ip" -d "$client_dev" "${args[@]}" 2>&1)
     crc=$?
     wait "$spid"
@@ -77,7 +66,7 @@ for size in 1048576 4194304; do
   UCX_TLS=gmd_rc,tcp,self UCX_NET_DEVICES=$server_dev,${nd:-lo} UCX_GMD_PRINT_STATS=y \
     timeout "$deadline" ucx_perftest "${args[@]}" >server.log 2>&1 &
   spid=$!
-  wait_for_server "$spid" || echo "note: the tag_bw server is not listening on port $port"
+  wait_for_server "$spid" "$port" || echo "note: the tag_bw server is not listening on port $port"
   start=$SECONDS
   out=$(UCX_TLS=gmd_rc,tcp,self UCX_NET_DEVICES=$client_dev,${client_nd:-lo} \
         timeout "$deadline" ucx_perftest "$server_ip" "${args[@]}" 2>&1)

@@ -20,24 +20,13 @@ sip=$(ip -4 -o addr show dev "${nd:-none}" 2>/dev/null | awk '{ sub("/.*", "", $
 sip=${sip:-127.0.0.1}
 port=14337
 fail=0
+source "$(dirname "${BASH_SOURCE[0]}")/perftest_server.sh"
 work=$(mktemp -d) || { echo "FAIL: mktemp"; exit 1; }
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
 # A ucx_perftest built with MPI (Debian 13's) waits for MPI peers unless told not to (-P 0).
 mpi_off=()
 ucx_perftest -h 2>&1 | grep -q -- '-P <0|1>' && mpi_off=(-P 0)
-# The client starts once the server listens on its port (a fixed pause is too short on a loaded
-# machine): up to 60 s, and not at all when the server has already exited.
-wait_for_server() {  # PID PORT
-  local i
-  command -v ss >/dev/null || { sleep 2; return 0; }
-  for ((i = 0; i < 600; i++)); do
-    kill -0 "$1" 2>/dev/null || return 1
-    [[ -n $(ss -Hltn "sport = :$2" 2>/dev/null) ]] && return 0
-    sleep 0.1
-  done
-  return 1
-}
 export LD_PRELOAD=$plugin UCX_TLS=gmd_rc,self
 
 # ucx_info -e connects a worker to itself; without self in the list every lane is a transport's.
