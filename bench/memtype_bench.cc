@@ -19,12 +19,7 @@
 #include <string>
 #include <vector>
 
-// ucs/datastruct/pgtable.h (included by memtype_cache.h) lacks C linkage declarations of its own.
-extern "C" {
-#include <ucs/datastruct/pgtable.h>
-}
-#include <ucs/memory/memtype_cache.h>
-
+#include "bench/ucs_compat.h"
 #include "memtype/cuda_driver.h"
 #include "memtype/memtype.h"
 
@@ -130,7 +125,7 @@ void ucsDirRelease(const ucs_pgtable_t*, ucs_pgt_dir_t* dir) { std::free(dir); }
 
 bool installUcsCache() {
   static ucs_memtype_cache_t cache;
-  if (pthread_rwlock_init(&cache.lock, nullptr) != 0) return false;
+  if (!gmd::bench::ucsMemtypeCacheLockInit(cache)) return false;
   if (ucs_pgtable_init(&cache.pgtable, ucsDirAlloc, ucsDirRelease) != UCS_OK) return false;
   ucs_memtype_cache_global_instance = &cache;
   // libucs's destructor would free the global instance: hand it back empty before that.
@@ -150,7 +145,7 @@ void MemtypeDevice_ucs(benchmark::State& state) {
     return;
   }
   const auto* base = reinterpret_cast<const void*>(p);
-  ucs_memtype_cache_update(base, kDeviceBytes, UCS_MEMORY_TYPE_CUDA, UCS_SYS_DEVICE_ID_UNKNOWN);
+  gmd::bench::ucsMemtypeCacheUpdate(base, kDeviceBytes, UCS_MEMORY_TYPE_CUDA);
   const auto* ptr = reinterpret_cast<const char*>(p) + 4096;
   ucs_memory_info_t info;
   if (ucs_memtype_cache_lookup(ptr, 4096, &info) != UCS_OK || info.type != UCS_MEMORY_TYPE_CUDA) {

@@ -30,13 +30,9 @@
 #include <memory>
 #include <utility>
 
+#include "bench/ucs_compat.h"
 #include "gtest/common/fake_backend.h"
 #include "rcache/rcache.h"
-
-// ucs/memory/rcache.h (UCX 1.13) has no C++ guards of its own.
-extern "C" {
-#include <ucs/memory/rcache.h>
-}
 
 namespace {
 
@@ -128,7 +124,7 @@ void ucsNopDereg(void*, ucs_rcache_t*, ucs_rcache_region_t*) { ++g_ucs_deregs; }
 void ucsNopDump(void*, ucs_rcache_t*, ucs_rcache_region_t*, char* buf, size_t max) {
   if (max > 0) buf[0] = '\0';
 }
-const ucs_rcache_ops_t kUcsOps = {ucsNopReg, ucsNopDereg, ucsNopDump};
+const ucs_rcache_ops_t kUcsOps = {.mem_reg = ucsNopReg, .mem_dereg = ucsNopDereg, .dump_region = ucsNopDump};
 
 struct UcmApi {
   void (*set_external_event)(int) = nullptr;
@@ -158,8 +154,6 @@ ucs_rcache_t* makeUcs(unsigned long max_regions = ULONG_MAX, bool evict = false)
   ucm();
   ucs_rcache_params_t p = {};
   p.region_struct_size = sizeof(ucs_rcache_region_t);
-  p.alignment = UCS_RCACHE_MIN_ALIGNMENT;
-  p.max_alignment = 4096;
   p.ucm_events = kUcmEventVmUnmapped;
   p.ucm_event_priority = 1000;
   p.ops = &kUcsOps;
@@ -168,6 +162,7 @@ ucs_rcache_t* makeUcs(unsigned long max_regions = ULONG_MAX, bool evict = false)
   p.max_regions = max_regions;
   p.max_size = SIZE_MAX;
   p.max_unreleased = SIZE_MAX;
+  gmd::bench::ucsRcacheParams(p, UCS_RCACHE_MIN_ALIGNMENT, 4096);
   ucs_rcache_t* rcache = nullptr;
   if (ucs_rcache_create(&p, "bench", nullptr, &rcache) != UCS_OK) std::abort();
   return rcache;
@@ -175,7 +170,7 @@ ucs_rcache_t* makeUcs(unsigned long max_regions = ULONG_MAX, bool evict = false)
 
 inline ucs_rcache_region_t* ucsGet(ucs_rcache_t* c, void* p, std::size_t len) {
   ucs_rcache_region_t* r = nullptr;
-  if (ucs_rcache_get(c, p, len, PROT_READ | PROT_WRITE, nullptr, &r) != UCS_OK) std::abort();
+  if (gmd::bench::ucsRcacheGet(c, p, len, UCS_RCACHE_MIN_ALIGNMENT, &r) != UCS_OK) std::abort();
   return r;
 }
 
