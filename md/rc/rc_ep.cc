@@ -220,8 +220,8 @@ ucs_status_t Ep::flush(unsigned flags, uct_completion_t* comp) noexcept {
       ibv_modify_qp(qp_, &a, IBV_QP_STATE);
       if (fail(UCS_ERR_CANCELED)) error_reported_ = true;  // the caller asked for it
     }
-  } else if (!pending_.empty()) {
-    return UCS_ERR_NO_RESOURCE;
+  } else if (!pending_.empty() && state_ != State::kFailed) {
+    return UCS_ERR_NO_RESOURCE;  // a failed endpoint never dispatches them: they are purged
   }
   if (inflight_ == 0) return UCS_OK;
   if (state_ == State::kReady && unsignaledTail() && postNop(false) != UCS_INPROGRESS) {
@@ -240,6 +240,24 @@ ucs_status_t Ep::flush(unsigned flags, uct_completion_t* comp) noexcept {
 ucs_status_t Ep::fence() noexcept {
   fence_ = true;
   return UCS_OK;
+}
+
+ucs_status_t Ep::check(unsigned flags, uct_completion_t* comp) noexcept {
+  if (flags != 0 || comp != nullptr) return UCS_ERR_UNSUPPORTED;  // UCT 1.13: both reserved
+  if (error_ != UCS_OK) {
+    iface_->failed(this);  // no-op when the handler heard of it already
+    return UCS_OK;
+  }
+  if (peer_closed_) {
+    check_requested_ = true;  // Iface::failClosedPeers fails it in this progress
+    return UCS_OK;
+  }
+  if (state_ != State::kReady) return UCS_OK;  // a failing connect reports itself
+  // The probe: a zero-length WRITE needs no remote key or address (IB spec C9-88) and is
+  // acknowledged by the peer's RC transport, not by software: it fails only when the peer's QP is
+  // gone.
+  const ucs_status_t st = postNop(false);
+  return st == UCS_INPROGRESS ? UCS_OK : st;
 }
 
 

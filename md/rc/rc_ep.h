@@ -70,6 +70,10 @@ class Ep {
   // Whether this endpoint was created for the peer at these addresses (UCX >= 1.16 asks in wireup).
   bool connectedTo(const uct_device_addr_t* dev_addr,
                    const uct_iface_addr_t* iface_addr) const noexcept;
+  // uct_ep_check: UCS_OK, and the error handler runs (once) if the peer is gone: at once when the
+  // endpoint already failed or its peer closed the side channel, else after a zero-length RDMA WRITE
+  // probe failed its retries. UCS_ERR_NO_RESOURCE when the probe has no room now.
+  ucs_status_t check(unsigned flags, uct_completion_t* comp) noexcept;
 
  private:
   friend class Iface;
@@ -123,6 +127,8 @@ class Ep {
   State state_ = State::kConnecting;
   ucs_status_t error_ = UCS_OK;
   bool error_reported_ = false;
+  bool peer_closed_ = false;      // the peer closed the side channel (Iface::peerClosed)
+  bool check_requested_ = false;  // uct_ep_check on such an endpoint: fail it now
   // Posted work requests, oldest first (RC completes in order).
   std::vector<Slot> ring_;
   std::size_t ring_head_ = 0;

@@ -177,6 +177,7 @@ ucs_status_t Iface::init(Md* md, const char* dev_name, const IfaceConfig& config
   }
   ibv_destroy_qp(probe);
   tx_inline_ = std::min<std::size_t>(got, limits_.tx_max_inline);
+  if (ucs_status_t st = peer_watch_.init(dev_name); st != UCS_OK) return st;
 
   try {
     // Passive QPs send only grants, completed on the receive CQ (md/rc/rc_recv.h).
@@ -242,7 +243,10 @@ ucs_status_t Iface::query(uct_iface_attr_t* attr) noexcept {
   attr->cap.am.max_iov = amMaxIov();
   attr->cap.flags = UCT_IFACE_FLAG_PUT_ZCOPY | UCT_IFACE_FLAG_GET_ZCOPY | UCT_IFACE_FLAG_AM_SHORT |
                     UCT_IFACE_FLAG_AM_BCOPY | UCT_IFACE_FLAG_AM_ZCOPY | UCT_IFACE_FLAG_PENDING |
-                    UCT_IFACE_FLAG_CB_SYNC | UCT_IFACE_FLAG_CONNECT_TO_IFACE;
+                    UCT_IFACE_FLAG_CB_SYNC | UCT_IFACE_FLAG_CONNECT_TO_IFACE |
+                    // a dead peer fails outstanding work and calls the error handler once
+                    // (md/rc/rc_peer_watch.h); uct_ep_check probes it
+                    UCT_IFACE_FLAG_ERRHANDLE_PEER_FAILURE | UCT_IFACE_FLAG_EP_CHECK;
   attr->cap.event_flags =
       UCT_IFACE_FLAG_EVENT_SEND_COMP | UCT_IFACE_FLAG_EVENT_RECV | UCT_IFACE_FLAG_EVENT_FD;
   attr->device_addr_len = kDeviceAddressSize;
@@ -352,6 +356,7 @@ void Iface::destroyEp(Ep* ep) noexcept {
   eraseValue(eps_, ep);
   eraseValue(connecting_, ep);
   eraseValue(failed_, ep);
+  eraseValue(peer_closed_, ep);
   if (ep->in_pending_list_) {
     pending_eps_.erase(std::remove(pending_eps_.begin(), pending_eps_.end(), ep),
                        pending_eps_.end());
@@ -361,6 +366,7 @@ void Iface::destroyEp(Ep* ep) noexcept {
   ep->flushes_.clear();
   ep->destroyed_ = true;
   // Close the socket now: the peer's listener destroys its QP.
+  peer_watch_.remove(ep->connector_.fd());
   ep->connector_.close();
   if (ep->inflight_ == 0 && !in_progress_) {
     release(ep);
@@ -398,6 +404,8 @@ unsigned Iface::progress() noexcept {
   unsigned n = recv_.progress();
   n += pollCq();
   if (!connecting_.empty()) n += progressConnections();
+  if (peer_watch_.due()) n += peer_watch_.check([this](void* ep) { peerClosed(static_cast<Ep*>(ep)); });
+  if (!peer_closed_.empty()) n += failClosedPeers();
   if (!pending_eps_.empty() && tx_free_ > 0) n += dispatchPending();
   if (!failed_.empty()) reportFailures();
   in_progress_ = false;
@@ -517,6 +525,7 @@ void Iface::connectionReady(Ep* ep, const Handshake& reply) noexcept {
   }
   eraseValue(connecting_, ep);
   ep->state_ = Ep::State::kReady;
+  peer_watch_.add(ep->connector_.fd(), ep);
   ucs_debug("gmd_rc %s: endpoint %p connected, QP 0x%x to 0x%x", name(), static_cast<void*>(ep),
             ep->qp_->qp_num, reply.qpn);
   if (!ep->pending_.empty()) schedulePending(ep);
@@ -591,6 +600,61 @@ void Iface::reportFailures() noexcept {
   }
 }
 
+// --- Peer failure ---------------------------------------------------------------------------------
+
+void Iface::peerClosed(Ep* ep) noexcept {
+  peer_watch_.remove(ep->connector_.fd());
+  if (ep->destroyed_ || ep->error_ != UCS_OK) return;
+  ucs_debug("gmd_rc %s: endpoint %p: the peer closed the connection", name(),
+            static_cast<void*>(ep));
+  ep->peer_closed_ = true;
+  try {
+    peer_closed_.push_back(ep);
+  } catch (...) {
+    failPeerGone(ep);
+    return;
+  }
+  failClosedPeers();
+}
+
+unsigned Iface::failClosedPeers() noexcept {
+  unsigned n = 0;
+  auto busy = [](const Ep* ep) {
+    return ep->inflight_ > 0 || !ep->pending_.empty() || ep->check_requested_;
+  };
+  // failPeerGone does not touch peer_closed_, so partition first and fail afterwards.
+  auto it = std::stable_partition(peer_closed_.begin(), peer_closed_.end(),
+                                  [&](Ep* ep) { return !busy(ep); });
+  std::vector<Ep*> now(it, peer_closed_.end());
+  peer_closed_.erase(it, peer_closed_.end());
+  for (Ep* ep : now) {
+    failPeerGone(ep);
+    ++n;
+  }
+  return n;
+}
+
+// The peer's process died or its iface closed: fail the endpoint with UCS_ERR_CONNECTION_RESET
+// (what UCX's transports report for a peer that went away). Moving the QP to the error state
+// completes every posted work request with a flush error, so outstanding operations and flushes
+// complete with the endpoint's error at once instead of after the QP's retries; the error handler
+// is called once (failed()); pending requests are never dispatched and go back through
+// pending_purge.
+void Iface::failPeerGone(Ep* ep) noexcept {
+  if (ep->destroyed_ || !ep->fail(UCS_ERR_CONNECTION_RESET)) return;
+  ucs_log(handle_.base.config.failure_level,
+          "gmd_rc %s: endpoint %p: the peer closed the connection (its process or iface is gone)",
+          name(), static_cast<void*>(ep));
+  if (ep->inflight_ > 0 && ep->qp_ != nullptr) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_ERR;
+    if (ibv_modify_qp(ep->qp_, &a, IBV_QP_STATE) != 0) {
+      ucs_warn("gmd_rc %s: ibv_modify_qp(ERR): %s", name(), std::strerror(errno));
+    }
+  }
+  failed(ep);
+}
+
 void Iface::reapDestroyed() noexcept {
   auto it = std::partition(destroyed_.begin(), destroyed_.end(),
                            [](Ep* ep) { return ep->inflight_ > 0; });
@@ -639,7 +703,8 @@ ucs_status_t Iface::flush(unsigned flags, uct_completion_t* comp) noexcept {
   if (!connecting_.empty()) return UCS_INPROGRESS;
   bool busy = false;
   for (Ep* ep : eps_) {
-    if (ep->inflight_ == 0 && ep->pending_.empty()) continue;
+    // A failed endpoint's pending requests wait for pending_purge, not for the network.
+    if (ep->inflight_ == 0 && (ep->pending_.empty() || ep->error_ != UCS_OK)) continue;
     busy = true;
     // An unsignaled newest work request would never report back: follow it with one that does.
     if (ep->state_ == Ep::State::kReady && ep->unsignaledTail()) ep->postNop(false);

@@ -40,6 +40,7 @@
 
 #include "md/rc/rc_config.h"
 #include "md/rc/rc_ep.h"
+#include "md/rc/rc_peer_watch.h"
 #include "md/rc/rc_pool.h"
 #include "md/rc/rc_qp.h"
 #include "md/rc/rc_recv.h"
@@ -119,6 +120,10 @@ class Iface {
   unsigned dispatchPending() noexcept;
   void reportFailures() noexcept;
   void reapDestroyed() noexcept;
+  // --- Peer failure (side channel closed; see md/rc/rc_peer_watch.h) ---
+  void peerClosed(Ep* ep) noexcept;
+  unsigned failClosedPeers() noexcept;  // those of peer_closed_ that have work now
+  void failPeerGone(Ep* ep) noexcept;
   void release(Ep* ep) noexcept;  // deletes it, destroying its QP and socket
 
   IfaceHandle handle_{};
@@ -147,6 +152,10 @@ class Iface {
   std::deque<Ep*> pending_eps_;  // endpoints with pending requests
   std::vector<Ep*> failed_;      // endpoints whose failure the error handler has not seen
   std::vector<Ep*> destroyed_;   // destroyed endpoints still holding work requests or in progress
+  // Idle endpoints whose peer closed the side channel: they fail (error handler) once they have
+  // work, so a peer that merely finished and closed is not reported as failed.
+  std::vector<Ep*> peer_closed_;
+  PeerWatch peer_watch_;
   std::unique_ptr<Listener> listener_;
 };
 

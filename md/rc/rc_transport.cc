@@ -128,6 +128,10 @@ ucs_status_t epFlush(uct_ep_h ep, unsigned flags, uct_completion_t* comp) noexce
 
 ucs_status_t epFence(uct_ep_h ep, unsigned) noexcept { return Ep::from(ep)->fence(); }
 
+ucs_status_t epCheck(uct_ep_h ep, unsigned flags, uct_completion_t* comp) noexcept {
+  return Ep::from(ep)->check(flags, comp);
+}
+
 ucs_status_t epCreate(const uct_ep_params_t* params, uct_ep_h* ep_p) noexcept {
   if (!(params->field_mask & UCT_EP_PARAM_FIELD_IFACE)) return UCS_ERR_INVALID_PARAM;
   return Iface::from(params->iface)->createEp(params, ep_p);
@@ -198,7 +202,7 @@ const uct_iface_ops_t kIfaceOps = {
     .ep_pending_purge = pendingPurge,
     .ep_flush = epFlush,
     .ep_fence = epFence,
-    .ep_check = GMD_RC_UNSUPPORTED(ep_check),
+    .ep_check = epCheck,
     .ep_create = epCreate,
     .ep_connect = GMD_RC_UNSUPPORTED(ep_connect),
     .ep_disconnect = GMD_RC_UNSUPPORTED(ep_disconnect),
