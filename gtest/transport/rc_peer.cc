@@ -9,6 +9,7 @@
 //         of every socket of this process and answers "held": a SIGKILL then destroys the QPs but
 //         leaves the side channels open, as when a peer's host vanishes without a FIN
 // EOF on stdin: exit. The holder lives until it is killed.
+#include <dirent.h>
 #include <dlfcn.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -16,8 +17,8 @@
 #include <sys/types.h>
 #include <uct/api/uct.h>
 #include <unistd.h>
-#include <dirent.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
