@@ -14,12 +14,14 @@
 //                          as the index grows
 //   RcacheEvictLarge_*/N   a cache limited to N regions, full of N unused ones: every get is a
 //                          miss that must evict the least recently released region, then release
-//   RcacheHitLargeN_*/N    RcacheHit on one region among N cached ones
+//   RcacheHitLargeN_*/N    RcacheHit on one region among N cached ones; its bytes/region counter
+//                          is the heap (malloc, headers included) the N regions took
 //
 // ucs_rcache receives its invalidation through libucm's event dispatch (ucm_vm_munmap, with the
 // unmap event declared external so that no hook is installed); gmd through Cache::invalidate().
 #include <benchmark/benchmark.h>
 #include <dlfcn.h>
+#include <malloc.h>
 #include <sys/mman.h>
 
 #include <climits>
@@ -314,20 +316,32 @@ BENCHMARK(RcacheInvalidate_ucs);
 // and N, and every iteration leaves it as it found it (N unused regions).
 struct LargeGmd {
   std::unique_ptr<rc::Cache> cache;
-  std::size_t next = 0;  // eviction: next slot to register
+  std::size_t next = 0;           // eviction: next slot to register
+  double bytes_per_region = 0.0;  // heap the N regions took (heapInUse()), per region
 };
 struct LargeUcs {
   ucs_rcache_t* cache = nullptr;
   std::size_t next = 0;
+  double bytes_per_region = 0.0;
 };
+
+// Bytes the process has allocated from malloc (small chunks and mmap()ed ones), allocator headers
+// included: what populating a cache adds is its memory per region (index, region, LRU).
+double heapInUse() {
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<double>(m.uordblks + m.hblkhd);
+}
 
 // N unused regions in slots 0..N-1, released in slot order (slot 0 is the least recently used).
 LargeGmd& largeGmd(std::size_t n, bool limited) {
   static std::map<std::pair<std::size_t, bool>, LargeGmd> caches;
   LargeGmd& l = caches[{n, limited}];
   if (!l.cache) {
+    const double before = heapInUse();
     l.cache = makeGmd(limited ? n : SIZE_MAX, SIZE_MAX);
     for (std::size_t k = 0; k < n; ++k) l.cache->put(gmdGet(l.cache.get(), largeSlot(k), 4096));
+    l.cache->progress();  // frees the leaves and tops that the insertions replaced
+    l.bytes_per_region = (heapInUse() - before) / static_cast<double>(n);
     l.next = n;
   }
   return l;
@@ -336,9 +350,11 @@ LargeUcs& largeUcs(std::size_t n, bool limited) {
   static std::map<std::pair<std::size_t, bool>, LargeUcs> caches;
   LargeUcs& l = caches[{n, limited}];
   if (l.cache == nullptr) {
+    const double before = heapInUse();
     l.cache = makeUcs(limited ? n : ULONG_MAX, limited);
     for (std::size_t k = 0; k < n; ++k)
       ucs_rcache_region_put(l.cache, ucsGet(l.cache, largeSlot(k), 4096));
+    l.bytes_per_region = (heapInUse() - before) / static_cast<double>(n);
     l.next = n;
   }
   return l;
@@ -403,7 +419,9 @@ BENCHMARK(RcacheEvictLarge_ucs)->Arg(1000)->Arg(10000)->Arg(100000);
 
 void RcacheHitLargeN_gmd(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
-  rc::Cache* c = largeGmd(n, false).cache.get();
+  LargeGmd& l = largeGmd(n, false);
+  rc::Cache* c = l.cache.get();
+  state.counters["bytes/region"] = l.bytes_per_region;
   char* p = largeSlot(n / 2);
   for (auto _ : state) {
     rc::Region* r = gmdGet(c, p, 4096);
@@ -415,7 +433,9 @@ BENCHMARK(RcacheHitLargeN_gmd)->Arg(100000);
 
 void RcacheHitLargeN_ucs(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
-  ucs_rcache_t* c = largeUcs(n, false).cache;
+  LargeUcs& l = largeUcs(n, false);
+  ucs_rcache_t* c = l.cache;
+  state.counters["bytes/region"] = l.bytes_per_region;
   char* p = largeSlot(n / 2);
   for (auto _ : state) {
     ucs_rcache_region_t* r = ucsGet(c, p, 4096);

@@ -177,35 +177,40 @@ Result CacheImpl::get(const void* address, std::size_t length, unsigned access,
     const Result st = checkRequest(address, length, access, resolver, region, &rq);
     if (!st.ok()) return st;
   }
-  if (fastHit(rq, access, &resolver, region)) return Status::kOk;
+  if (RegionImpl* r = fastHit(rq.start, rq.end, access, &resolver)) {
+    *region = r;
+    return Status::kOk;
+  }
   return getSlow(address, length, rq, access, resolver, region);
 }
 
-// The lock-free hit: a valid region covering rq with `access` that serves `resolver` (any region
-// when null), acquired. False when there is none or pending work must run first.
-__attribute__((always_inline)) inline bool CacheImpl::fastHit(const Range& rq, unsigned access,
-                                                              const Resolver* resolver,
-                                                              Region** region) noexcept {
+// The lock-free hit: a valid region covering [start, end) with `access` that serves `resolver`
+// (any region when null), acquired; null when there is none or pending work must run first.
+// Out of line, with its arguments by value: inlined into get(), which keeps what getSlow() needs
+// in callee-saved registers, the search ran out of registers and spilled the reader slot around
+// the leaf search (about 1 ns more per hit among 100,000 regions, 0.7 ns less with one region).
+__attribute__((noinline)) RegionImpl* CacheImpl::fastHit(std::uintptr_t start, std::uintptr_t end,
+                                                         unsigned access,
+                                                         const Resolver* resolver) noexcept {
   ReaderSlot* slot = mySlot();
   if (__builtin_expect(slot == nullptr || attention_.load(std::memory_order_acquire) != 0, 0)) {
-    return false;
+    return nullptr;
   }
   readerEnter(slot->epoch, reclaim_.slots.epoch());
-  const Entry* e = index_.top()->floor(rq.start);
+  const Entry* e = index_.top()->floor(start);
   bool hit = false;
   std::uint64_t prev = 0;
   RegionImpl* r = nullptr;
-  if (e != nullptr && e->end >= rq.end) {
+  if (e != nullptr && e->end >= end) {
     r = e->region;
     hit = (resolver == nullptr ? (r->access() & access) == access : r->serves(access, *resolver)) &&
           r->tryAcquire(&prev);
   }
   slot->epoch.store(0, std::memory_order_release);
-  if (!hit) return false;
+  if (!hit) return nullptr;
   bump(slot->hits, std::uint64_t{1});
   if (prev == 0) addUnused(slot, -static_cast<std::int64_t>(r->length()));
-  *region = r;
-  return true;
+  return r;
 }
 
 bool CacheImpl::find(const void* address, std::size_t length, unsigned access,
@@ -215,7 +220,10 @@ bool CacheImpl::find(const void* address, std::size_t length, unsigned access,
       region == nullptr || !alignOutwards(address, length, config_.alignment, &rq)) {
     return false;
   }
-  return fastHit(rq, access, nullptr, region);
+  RegionImpl* r = fastHit(rq.start, rq.end, access, nullptr);
+  if (r == nullptr) return false;
+  *region = r;
+  return true;
 }
 
 void CacheImpl::put(Region* region) noexcept {

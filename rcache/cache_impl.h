@@ -123,8 +123,8 @@ class CacheImpl final : public Cache {
 
   Result checkRequest(const void* address, std::size_t length, unsigned access,
                       const Resolver& resolver, Region* const* region, Range* rq) const noexcept;
-  bool fastHit(const Range& rq, unsigned access, const Resolver* resolver,
-               Region** region) noexcept;
+  RegionImpl* fastHit(std::uintptr_t start, std::uintptr_t end, unsigned access,
+                      const Resolver* resolver) noexcept;
   Result getSlow(const void* address, std::size_t length, const Range& rq, unsigned access,
                  const Resolver& resolver, Region** out) noexcept;
   // The calling thread's slot in this cache (null past kMaxThreads threads or on no memory).
