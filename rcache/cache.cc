@@ -70,13 +70,13 @@ CacheImpl::~CacheImpl() {
       if ((s & kInvalid) != 0) continue;  // owned by a holder (a contract breach) or a zombie
       if ((s & kHolderMask) != 0) ++held;
       deregister(r);
-      delete r;
+      freeRegion(r);
     }
     IndexT::releaseLeaf(leaf);
   }
   for (RegionImpl* z = zombies_; z != nullptr;) {
     RegionImpl* next = z->next_dead_;
-    delete z;
+    freeRegion(z);
     z = next;
   }
   if (held != 0) log(LogLevel::kWarn, kModule, "cache destroyed with %zu regions still held", held);
@@ -276,16 +276,30 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
   Range want = rq;
   unsigned want_access = access;
   std::uint64_t seq0 = 0;
+  std::size_t overlaps = 0;       // entries the first walk met
+  std::uint64_t insertions0 = 0;  // the index's insertion count then
   Status st = Status::kOk;
   {
     WriterGuard g(lock_);
     applyQueued_locked();
+    // One walk over the entries overlapping the request: the one covering it (a hit: another
+    // thread registered it since our lookup) and, rule 3, the union of the valid ones of the same
+    // kind, which the new registration covers.
     std::uint64_t prev = 0;
-    const Entry* e = index_.current()->floor(rq.start);
-    if (e != nullptr && e->end >= rq.end) {
-      RegionImpl* r = e->region;
-      if (r->serves(access, resolver) && r->tryAcquire(&prev)) hit = r;
-    }
+    index_.forEachOverlap(rq.start, rq.end, [&](const Entry& o) {
+      ++overlaps;
+      RegionImpl* r = o.region;
+      if (hit == nullptr && o.start <= rq.start && o.end >= rq.end && r->serves(access, resolver) &&
+          r->tryAcquire(&prev)) {
+        hit = r;
+      }
+      if ((r->state_.load(std::memory_order_relaxed) & kInvalid) != 0) return;
+      if (r->memType() != type || r->backend() != backend) return;
+      want.start = std::min(want.start, o.start);
+      want.end = std::max(want.end, o.end);
+      want_access |= r->access();
+    });
+    insertions0 = index_.insertions();
     if (hit != nullptr) {
       bump(slow_hits_, std::uint64_t{1});
       if (prev == 0) {
@@ -293,15 +307,6 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
                                  std::memory_order_relaxed);
       }
     } else {
-      // Rule 3: the new registration covers the union of the overlapping valid regions.
-      index_.forEachOverlap(rq.start, rq.end, [&](const Entry& o) {
-        RegionImpl* r = o.region;
-        if ((r->state_.load(std::memory_order_relaxed) & kInvalid) != 0) return;
-        if (r->memType() != type || r->backend() != backend) return;
-        want.start = std::min(want.start, o.start);
-        want.end = std::max(want.end, o.end);
-        want_access |= r->access();
-      });
       if (want.length() > config_.max_pinned_bytes) want = rq;
       advanceLruClock_locked();
       if (!makeRoom_locked(want.length())) {
@@ -369,7 +374,7 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
         statusString(res.status));
     return res;
   }
-  auto* nr = new (std::nothrow) RegionImpl(want, want_access, type, backend, reg);
+  auto* nr = newRegion(want, want_access, type, backend, reg);
   if (nr == nullptr) {
     backend->dereg(reg);
     unreserve();
@@ -391,13 +396,17 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
       bump(deferred_, std::uint64_t{1});
     } else {
       bool merged = false;
-      index_.forEachOverlap(want.start, want.end, [&](const Entry& o) {
-        RegionImpl* r = o.region;
-        const bool same = r->memType() == type && r->backend() == backend;
-        if (markInvalid_locked(r, same ? DoomReason::kMerged : DoomReason::kStale)) {
-          merged = merged || same;
-        }
-      });
+      // Entries only enter the index by insertion: when the first walk met none in what is now
+      // `want` (then want == rq) and nothing was inserted since, nothing overlaps it.
+      if (overlaps != 0 || index_.insertions() != insertions0) {
+        index_.forEachOverlap(want.start, want.end, [&](const Entry& o) {
+          RegionImpl* r = o.region;
+          const bool same = r->memType() == type && r->backend() == backend;
+          if (markInvalid_locked(r, same ? DoomReason::kMerged : DoomReason::kStale)) {
+            merged = merged || same;
+          }
+        });
+      }
       if (merged) bump(merges_, std::uint64_t{1});
       if (!insert_locked(nr)) {
         nr->state_.store(1 | kInvalid, std::memory_order_relaxed);  // usable, never indexed
@@ -548,7 +557,7 @@ void CacheImpl::retireRegions_locked(RegionImpl* list) noexcept {
 void CacheImpl::freeList(Retired* list) noexcept {
   while (list != nullptr) {
     Retired* next = list->next_retired;
-    if (!IndexT::freeRetired(list)) delete static_cast<RegionImpl*>(list);
+    if (!IndexT::freeRetired(list)) freeRegion(static_cast<RegionImpl*>(list));
     list = next;
   }
 }

@@ -17,6 +17,7 @@
 #include <new>
 
 #include "common/range.h"
+#include "rcache/block_pool.h"
 #include "rcache/index.h"
 #include "rcache/invalidation_queue.h"
 #include "rcache/lru_heap.h"
@@ -107,8 +108,14 @@ class CacheImpl final : public Cache {
   // before any lock is taken: it deregisters every unused region, so that only memory the
   // application still holds registered is do-not-fork in the child.
   void dropUnusedBeforeFork() noexcept;
-  void forkPrepare() noexcept { lock_.lock(); }
-  void forkParent() noexcept { lock_.unlock(); }
+  void forkPrepare() noexcept {
+    lock_.lock();
+    region_pool_.lockForFork();
+  }
+  void forkParent() noexcept {
+    region_pool_.unlockAfterFork();
+    lock_.unlock();
+  }
   void forkChild() noexcept;
 
   // Tests only: the writer lock, to stand for a writer pre-empted while holding it.
@@ -174,7 +181,16 @@ class CacheImpl final : public Cache {
   void finishWork(bool force_collect = false) noexcept;
   void releaseInvalid(RegionImpl* r) noexcept;
   void deregister(RegionImpl* r) noexcept;
-  static void freeList(Retired* list) noexcept;
+  void freeList(Retired* list) noexcept;
+  RegionImpl* newRegion(Range range, unsigned access, MemType type, Backend* backend,
+                        const Registration& reg) noexcept {
+    void* p = region_pool_.allocate();
+    return p != nullptr ? new (p) RegionImpl(range, access, type, backend, reg) : nullptr;
+  }
+  void freeRegion(RegionImpl* r) noexcept {
+    r->~RegionImpl();
+    region_pool_.release(r);
+  }
 
   const Config config_;
   const std::uint64_t id_;
@@ -190,6 +206,8 @@ class CacheImpl final : public Cache {
 
   alignas(kCacheLine) WriterLock lock_;
   InvalidationQueue queue_;
+
+  BlockPool<sizeof(RegionImpl), alignof(RegionImpl)> region_pool_;  // every RegionImpl
 
   // Guarded by lock_.
   RegionImpl* dead_ = nullptr;     // unused invalid regions waiting for deregistration

@@ -104,6 +104,7 @@ void CacheImpl::dropUnusedBeforeFork() noexcept {
 // (their own pages too) are written. No allocation here.
 void CacheImpl::forkChild() noexcept {
   if (!config_.purge_on_fork) {
+    region_pool_.unlockAfterFork();
     lock_.unlock();
     return;
   }
@@ -113,6 +114,7 @@ void CacheImpl::forkChild() noexcept {
   queue_.discard();
   (void)index_.detach();
   lru_.abandon();
+  region_pool_.abandon();  // the parent's regions live there; unlocks it
   (void)reclaim_.retired.takeAll();
   dead_ = nullptr;
   zombies_ = nullptr;

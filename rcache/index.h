@@ -176,6 +176,9 @@ class Index {
     dirty_ = true;
   }
   bool dirty() const noexcept { return dirty_; }
+  // How many insert() calls there were: entries enter the index only through insert(), so while it
+  // stands still no new entry can overlap a range where a walk found none.
+  std::uint64_t insertions() const noexcept { return insertions_; }
   // Takes the entries queued by queuePurge() out of their leaves, one rewrite per leaf. False if a
   // leaf could not be rewritten (no memory): its regions stay queued for a later pass.
   bool purge() noexcept;
@@ -235,11 +238,12 @@ class Index {
   static_assert(sizeof(TopT) % alignof(TopSlot<Node>) == 0);
   static_assert(sizeof(EmptyIndex) == sizeof(TopT) + sizeof(TopSlot<Node>), "slot follows top");
 
-  // 32 bytes: the cache keeps them on the cache line its hit path reads.
+  // 40 bytes: the cache keeps them on the cache line its hit path reads.
   std::atomic<TopT*> top_{&empty_.top};
   Node* unindex_ = nullptr;  // queued for purge: invalid, entry still in a leaf
   bool dirty_ = false;       // unindex_ is not empty
   Reclaimer* reclaimer_;
+  std::uint64_t insertions_ = 0;
 };
 
 }  // namespace gmd::rcache::detail

@@ -271,6 +271,7 @@ bool Index<Node>::purge() noexcept {
 
 template <typename Node>
 bool Index<Node>::insert(Node* r) noexcept {
+  ++insertions_;
   if (!purge()) {
     bool clear = true;
     forEachOverlap(r->start(), r->end(), [&](const Entry&) { clear = false; });
