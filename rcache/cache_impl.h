@@ -112,6 +112,7 @@ class CacheImpl final : public Cache {
     lock_.lock();
     region_pool_.lockForFork();
   }
+  // The leaf pools are the process's (index.h); fork.cc locks them after every cache.
   void forkParent() noexcept {
     region_pool_.unlockAfterFork();
     lock_.unlock();

@@ -38,15 +38,18 @@ void atforkPrepare() {
   lockThreadRegistry();
   cacheRegistry().mutex.lock();
   for (CacheImpl* c = cacheRegistry().head; c != nullptr; c = c->reg_next_) c->forkPrepare();
+  lockLeafPoolsForFork();
 }
 
 void atforkParent() {
+  unlockLeafPoolsAfterFork();
   for (CacheImpl* c = cacheRegistry().head; c != nullptr; c = c->reg_next_) c->forkParent();
   cacheRegistry().mutex.unlock();
   unlockThreadRegistry();
 }
 
 void atforkChild() {
+  unlockLeafPoolsAfterFork();  // static storage
   for (CacheImpl* c = cacheRegistry().head; c != nullptr; c = c->reg_next_) c->forkChild();
   cacheRegistry().mutex.unlock();
   unlockThreadRegistry();

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <new>
 
+#include "rcache/block_pool.h"
 #include "rcache/reclaim.h"
 
 namespace gmd::rcache::detail {
@@ -49,6 +50,52 @@ struct IndexEntry {
   Node* region;
 };
 
+// Leaves come from four process-wide pools, of 16, 32, 48 and 64 entries (a leaf takes the
+// smallest that fits): no malloc on a miss, no header per leaf. Their blocks are reused, never
+// returned to malloc. The fork handlers lock them (lockLeafPoolsForFork()).
+inline constexpr std::size_t kLeafHeaderBytes = 32;  // sizeof(Leaf<Node>), for every Node
+inline constexpr std::size_t kEntryBytes = 24;       // sizeof(IndexEntry<Node>)
+inline constexpr std::size_t kLeafClassEntries = 16;
+inline constexpr std::size_t kLeafClasses = kLeafMax / kLeafClassEntries;
+static_assert(kLeafMax % kLeafClassEntries == 0);
+
+constexpr std::size_t leafBlockBytes(std::size_t leaf_class) noexcept {
+  return kLeafHeaderBytes + (leaf_class + 1) * kLeafClassEntries * kEntryBytes;
+}
+// The pool of class c (in static storage, never destroyed: leaves may be freed after main()).
+template <std::size_t kClass>
+BlockPool<leafBlockBytes(kClass), alignof(std::max_align_t)>& leafPool() noexcept {
+  using Pool = BlockPool<leafBlockBytes(kClass), alignof(std::max_align_t)>;
+  alignas(Pool) static unsigned char storage[sizeof(Pool)];
+  static Pool* pool = new (storage) Pool;
+  return *pool;
+}
+static_assert(kLeafClasses == 4, "leafPoolCall() names each class");
+// Calls f(pool) on the pool of class c.
+template <typename F>
+decltype(auto) leafPoolCall(std::size_t c, F f) noexcept {
+  switch (c) {
+    case 0:
+      return f(leafPool<0>());
+    case 1:
+      return f(leafPool<1>());
+    case 2:
+      return f(leafPool<2>());
+    default:
+      return f(leafPool<3>());
+  }
+}
+inline void lockLeafPoolsForFork() noexcept {
+  for (std::size_t c = 0; c < kLeafClasses; ++c) {
+    leafPoolCall(c, [](auto& p) { p.lockForFork(); });
+  }
+}
+inline void unlockLeafPoolsAfterFork() noexcept {
+  for (std::size_t c = 0; c < kLeafClasses; ++c) {
+    leafPoolCall(c, [](auto& p) { p.unlockAfterFork(); });
+  }
+}
+
 template <typename Node>
 struct Leaf : Retired {
   using Entry = IndexEntry<Node>;
@@ -56,18 +103,22 @@ struct Leaf : Retired {
   Entry* entries() noexcept { return reinterpret_cast<Entry*>(this + 1); }
   const Entry* entries() const noexcept { return reinterpret_cast<const Entry*>(this + 1); }
 
+  // A leaf of n <= kLeafMax entries.
   static Leaf* allocate(std::size_t n) noexcept {
-    void* p = ::operator new(sizeof(Leaf) + n * sizeof(Entry), std::nothrow);
+    static_assert(sizeof(Leaf) == kLeafHeaderBytes && sizeof(Entry) == kEntryBytes);
+    const std::size_t c = n == 0 ? 0 : (n - 1) / kLeafClassEntries;
+    void* p = leafPoolCall(c, [](auto& pool) { return pool.allocate(); });
     if (p == nullptr) return nullptr;
     auto* l = new (p) Leaf;
     l->kind = kRetiredLeaf;
-    l->bytes = static_cast<std::uint32_t>(sizeof(Leaf) + n * sizeof(Entry));
+    l->bytes = static_cast<std::uint32_t>(leafBlockBytes(c));
     l->size = n;
     return l;
   }
   static void release(Leaf* l) noexcept {
+    const std::size_t c = (l->bytes - kLeafHeaderBytes) / (kLeafClassEntries * kEntryBytes) - 1;
     l->~Leaf();
-    ::operator delete(l);
+    leafPoolCall(c, [l](auto& pool) { pool.release(l); });
   }
   // Number of entries whose start <= addr (the last of them is the floor entry).
   std::size_t upper(std::uintptr_t addr) const noexcept {
