@@ -106,11 +106,29 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
     return l;
   };
 
-  Entry buf[2 * kLeafMax + 1];  // this leaf (+ add), then possibly a neighbour
-  const std::size_t n = gather(old, add, drop, buf);
-  const std::uintptr_t key = top->slots()[i].key;
   bool done = false;
-  if (n == 0 && top->size > 1) {
+  // The common case: the leaf keeps between kLeafMin and kLeafMax entries. Gather straight into
+  // its replacement (sized for the most it can hold), one copy.
+  const std::size_t bound = old->size + (add != nullptr ? 1 : 0);
+  if (bound <= kLeafMax && !isEmptyTop(top)) {
+    LeafT* next = LeafT::allocate(bound);
+    if (next == nullptr) return false;
+    const std::size_t n = gather(old, add, drop, next->entries());
+    if (n >= kLeafMin || (n != 0 && top->size == 1)) {
+      next->size = n;
+      top->slots()[i].leaf.store(next, std::memory_order_release);
+      if (!isEmptyLeaf(old)) retire(old);
+      done = true;
+    } else {
+      LeafT::release(next);  // it empties or merges: below
+    }
+  }
+  Entry buf[2 * kLeafMax + 1];  // this leaf (+ add), then possibly a neighbour
+  const std::size_t n = done ? 0 : gather(old, add, drop, buf);
+  const std::uintptr_t key = top->slots()[i].key;
+  if (done) {
+    // replaced above
+  } else if (n == 0 && top->size > 1) {
     done = replaceLeaves(i, 1, nullptr, nullptr, 0);  // drop the leaf
   } else if (n > kLeafMax) {
     // Split: the lower half keeps the key, the upper half starts at its first entry.
