@@ -23,6 +23,11 @@ template <std::size_t kBlock, std::size_t kAlign>
 class BlockPool {
   static_assert(kBlock >= sizeof(void*) && kBlock % kAlign == 0);
 
+ private:
+  struct Free {
+    Free* next;
+  };
+
  public:
   BlockPool() = default;
   BlockPool(const BlockPool&) = delete;
@@ -57,6 +62,32 @@ class BlockPool {
     free_ = b;
 #endif
   }
+  // Blocks gathered to be released under one lock acquisition.
+  class Chain {
+   public:
+    void add(void* p) noexcept {
+#if defined(__SANITIZE_ADDRESS__)
+      ::operator delete (p, std::align_val_t{kAlign});
+#else
+      auto* b = static_cast<Free*>(p);
+      b->next = head_;
+      head_ = b;
+      if (tail_ == nullptr) tail_ = b;
+#endif
+    }
+
+   private:
+    friend class BlockPool;
+    Free* head_ = nullptr;
+    Free* tail_ = nullptr;
+  };
+  void release(Chain& c) noexcept {
+    if (c.head_ == nullptr) return;
+    Guard g(lock_);
+    c.tail_->next = free_;
+    free_ = c.head_;
+    c.head_ = c.tail_ = nullptr;
+  }
   // fork(): the parent's forkPrepare() takes the lock (after the cache's writer lock; nothing takes
   // them in the other order) so that no block list is mid-update in the child; parent and child
   // release it.
@@ -73,9 +104,6 @@ class BlockPool {
   }
 
  private:
-  struct Free {
-    Free* next;
-  };
   // The first block of each chunk links the chunks.
   struct Chunk {
     Chunk* next;

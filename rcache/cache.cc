@@ -452,6 +452,7 @@ void CacheImpl::invalidate(const void* address, std::size_t length) noexcept {
 
 void CacheImpl::applyQueued_locked(bool wait) noexcept {
   std::uint64_t over = 0;
+  doom_batch_ = DoomBatch{true, 0, 0};  // one update of the shared counters per drain
   const std::uint64_t n = queue_.drain(
       wait,
       [&](Range r) {
@@ -460,6 +461,12 @@ void CacheImpl::applyQueued_locked(bool wait) noexcept {
         });
       },
       &over);
+  if (doom_batch_.regions != 0) {
+    unused_shared_.fetch_sub(doom_batch_.bytes, std::memory_order_relaxed);
+    regions_.fetch_sub(doom_batch_.regions, std::memory_order_relaxed);
+    pinned_.fetch_sub(doom_batch_.bytes, std::memory_order_relaxed);
+  }
+  doom_batch_ = DoomBatch{};
   if (over != 0) bump(overflows_, over);
   if (n != 0) attention_.fetch_sub(n, std::memory_order_acq_rel);
 }
@@ -492,9 +499,14 @@ void CacheImpl::leaveIndex_locked(RegionImpl* r) noexcept {
 // waits on the dead list for deregistration outside lock_.
 void CacheImpl::doomUnused_locked(RegionImpl* r, DoomReason why) noexcept {
   const auto len = static_cast<std::int64_t>(r->length());
-  unused_shared_.fetch_sub(len, std::memory_order_relaxed);
-  regions_.fetch_sub(1, std::memory_order_relaxed);
-  pinned_.fetch_sub(len, std::memory_order_relaxed);
+  if (doom_batch_.on) {
+    ++doom_batch_.regions;
+    doom_batch_.bytes += len;
+  } else {
+    unused_shared_.fetch_sub(len, std::memory_order_relaxed);
+    regions_.fetch_sub(1, std::memory_order_relaxed);
+    pinned_.fetch_sub(len, std::memory_order_relaxed);
+  }
   switch (why) {
     case DoomReason::kEvicted:
       bump(evictions_, std::uint64_t{1});
@@ -555,11 +567,17 @@ void CacheImpl::retireRegions_locked(RegionImpl* list) noexcept {
 }
 
 void CacheImpl::freeList(Retired* list) noexcept {
+  BlockPool<sizeof(RegionImpl), alignof(RegionImpl)>::Chain regions;  // one pool lock for all
   while (list != nullptr) {
     Retired* next = list->next_retired;
-    if (!IndexT::freeRetired(list)) freeRegion(static_cast<RegionImpl*>(list));
+    if (!IndexT::freeRetired(list)) {
+      auto* r = static_cast<RegionImpl*>(list);
+      r->~RegionImpl();
+      regions.add(r);
+    }
     list = next;
   }
+  region_pool_.release(regions);
 }
 
 // A registration made before a fork() is the parent's: the child never deregisters it.

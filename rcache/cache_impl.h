@@ -215,6 +215,14 @@ class CacheImpl final : public Cache {
   RegionImpl* zombies_ = nullptr;  // deregistered, still in the index (a leaf rewrite failed)
   LruHeap<RegionImpl> lru_;        // valid indexed regions by release tick
   bool work_flag_ = false;         // mirrors kWorkBit in attention_
+  // While applyQueued_locked() drains, doomUnused_locked() adds here instead of to the shared
+  // counters (three atomic read-modify-writes per region), which the drain then updates once.
+  struct DoomBatch {
+    bool on = false;
+    std::int64_t regions = 0;
+    std::int64_t bytes = 0;
+  };
+  DoomBatch doom_batch_;
   std::atomic<std::uint32_t> fork_gen_{0};  // bumped in a fork child (single-threaded there)
 
   // Counters; writers update them, stats() reads them from any thread.

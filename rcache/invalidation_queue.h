@@ -97,11 +97,12 @@ class InvalidationQueue {
   }
 
   // Applies every queued range in order: apply(Range) for each, then, if pushes overflowed the
-  // ring, once for the smallest range covering those that did not fit. Each applied range enters the history. With `wait`,
-  // also waits for producers that claimed a cell but have not filled it yet (the ring is FIFO, so a
-  // completed push may sit behind one still being written, and a lookup must not start before it
-  // is applied); invalidate() itself never waits (it may have interrupted such a producer).
-  // Returns the number of pushes consumed (overflowed ones included); *overflows gets those.
+  // ring, once for the smallest range covering those that did not fit. Each applied range enters
+  // the history. With `wait`, also waits for producers that claimed a cell but have not filled it
+  // yet (the ring is FIFO, so a completed push may sit behind one still being written, and a lookup
+  // must not start before it is applied); invalidate() itself never waits (it may have interrupted
+  // such a producer). Returns the number of pushes consumed (overflowed ones included); *overflows
+  // gets those.
   template <typename F>
   std::uint64_t drain(bool wait, F apply, std::uint64_t* overflows) noexcept {
     std::uint64_t n = 0;
@@ -178,8 +179,8 @@ class InvalidationQueue {
   std::atomic<std::uint64_t> overflow_{0};  // pushes that found ring_ full, not yet applied
   std::atomic<std::uintptr_t> spill_start_{UINTPTR_MAX};  // the range covering them (empty: start
   std::atomic<std::uintptr_t> spill_end_{0};              // above end)
-  std::uint64_t seq_ = 0;                   // ranges applied so far
-  Range history_[kHistory];                 // the last kHistory of them
+  std::uint64_t seq_ = 0;                                 // ranges applied so far
+  Range history_[kHistory];                               // the last kHistory of them
 };
 
 }  // namespace gmd::rcache::detail
