@@ -615,6 +615,8 @@ __attribute__((noinline)) void CacheImpl::finishWork(bool force_collect) noexcep
       freeable = reclaim_.collect(force_collect);
     }
     freeList(freeable);
+    // Nothing queued or dead since (the usual case): no need for another pass under the lock.
+    if (!force_collect && attention_.load(std::memory_order_acquire) == 0) return;
   }
 }
 

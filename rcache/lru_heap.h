@@ -1,6 +1,7 @@
-// The registration cache's eviction order (internal to rcache/): a binary min-heap of the valid
+// The registration cache's eviction order (internal to rcache/): a 4-ary min-heap of the valid
 // indexed regions keyed by a release tick, maintained by writers only (the hit path and put() never
-// touch it).
+// touch it). Four children per node: half the levels of a binary heap, and each level's children
+// share a cache line; every item moved writes its region's heap_pos_, in a big cache a cold line.
 //
 // A key may be stale: put() stores a newer tick in the region without telling the heap. The cache's
 // evictOne_locked() pops the minimum, and when the region's tick moved on it re-keys it and looks
@@ -88,7 +89,7 @@ class LruHeap {
     const Item it = items_[i];
     const std::size_t start = i;
     while (i > 0) {
-      const std::size_t parent = (i - 1) / 2;
+      const std::size_t parent = (i - 1) / kArity;
       if (items_[parent].key <= it.key) break;
       place(i, items_[parent]);
       i = parent;
@@ -99,9 +100,13 @@ class LruHeap {
   void down(std::size_t i) noexcept {
     const Item it = items_[i];
     for (;;) {
-      std::size_t c = 2 * i + 1;
-      if (c >= size_) break;
-      if (c + 1 < size_ && items_[c + 1].key < items_[c].key) ++c;
+      const std::size_t first = kArity * i + 1;
+      if (first >= size_) break;
+      const std::size_t last = std::min(first + kArity, size_);
+      std::size_t c = first;
+      for (std::size_t k = first + 1; k < last; ++k) {
+        if (items_[k].key < items_[c].key) c = k;
+      }
       if (it.key <= items_[c].key) break;
       place(i, items_[c]);
       i = c;
@@ -109,6 +114,7 @@ class LruHeap {
     place(i, it);
   }
 
+  static constexpr std::size_t kArity = 4;
   Item* items_ = nullptr;
   std::size_t size_ = 0;
   std::size_t cap_ = 0;
