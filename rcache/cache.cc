@@ -312,8 +312,8 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
       if (!makeRoom_locked(want.length())) {
         st = Status::kNoResource;
       } else {
-        regions_.fetch_add(1, std::memory_order_relaxed);
-        pinned_.fetch_add(static_cast<std::int64_t>(want.length()), std::memory_order_relaxed);
+        bump(regions_, std::int64_t{1});
+        bump(pinned_, static_cast<std::int64_t>(want.length()));
         seq0 = queue_.applied();
       }
     }
@@ -334,8 +334,9 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
 
   std::size_t len = want.length();
   auto unreserve = [&] {
-    regions_.fetch_sub(1, std::memory_order_relaxed);
-    pinned_.fetch_sub(static_cast<std::int64_t>(len), std::memory_order_relaxed);
+    WriterGuard g(lock_);
+    bump(regions_, std::int64_t{-1});
+    bump(pinned_, -static_cast<std::int64_t>(len));
   };
   Registration reg{};
   Result res = backend->reg(want.start, len, want_access, what.memory, &reg);
@@ -360,7 +361,10 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
         backend->name(), static_cast<std::size_t>(want.start), static_cast<std::size_t>(want.end),
         statusString(res.status), static_cast<std::size_t>(rq.start),
         static_cast<std::size_t>(rq.end));
-    pinned_.fetch_sub(static_cast<std::int64_t>(len - rq.length()), std::memory_order_relaxed);
+    {
+      WriterGuard g(lock_);
+      bump(pinned_, -static_cast<std::int64_t>(len - rq.length()));
+    }
     want = rq;
     want_access = access;
     len = want.length();
@@ -382,10 +386,10 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
     return Status::kNoMemory;
   }
   nr->fork_gen_ = fork_gen_.load(std::memory_order_relaxed);
-  misses_.fetch_add(1, std::memory_order_relaxed);
   Retired* freeable = nullptr;
   {
     WriterGuard g(lock_);
+    bump(misses_, std::uint64_t{1});
     applyQueued_locked();
     if (queue_.invalidatedSince(seq0, want)) {
       // The memory changed while we registered it. The caller asked before the invalidation
@@ -463,8 +467,8 @@ void CacheImpl::applyQueued_locked(bool wait) noexcept {
       &over);
   if (doom_batch_.regions != 0) {
     unused_shared_.fetch_sub(doom_batch_.bytes, std::memory_order_relaxed);
-    regions_.fetch_sub(doom_batch_.regions, std::memory_order_relaxed);
-    pinned_.fetch_sub(doom_batch_.bytes, std::memory_order_relaxed);
+    bump(regions_, -doom_batch_.regions);
+    bump(pinned_, -doom_batch_.bytes);
   }
   doom_batch_ = DoomBatch{};
   if (over != 0) bump(overflows_, over);
@@ -504,8 +508,8 @@ void CacheImpl::doomUnused_locked(RegionImpl* r, DoomReason why) noexcept {
     doom_batch_.bytes += len;
   } else {
     unused_shared_.fetch_sub(len, std::memory_order_relaxed);
-    regions_.fetch_sub(1, std::memory_order_relaxed);
-    pinned_.fetch_sub(len, std::memory_order_relaxed);
+    bump(regions_, std::int64_t{-1});
+    bump(pinned_, -len);
   }
   switch (why) {
     case DoomReason::kEvicted:
@@ -621,12 +625,12 @@ __attribute__((noinline)) void CacheImpl::finishWork(bool force_collect) noexcep
 }
 
 __attribute__((noinline)) void CacheImpl::releaseInvalid(RegionImpl* r) noexcept {
-  regions_.fetch_sub(1, std::memory_order_relaxed);
-  pinned_.fetch_sub(static_cast<std::int64_t>(r->length()), std::memory_order_relaxed);
   r->backend()->dereg(r->registration());
   Retired* freeable;
   {
     WriterGuard g(lock_);
+    bump(regions_, std::int64_t{-1});
+    bump(pinned_, -static_cast<std::int64_t>(r->length()));
     r->next_dead_ = nullptr;
     retireRegions_locked(r);
     freeable = reclaim_.collect(false);

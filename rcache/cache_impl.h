@@ -228,8 +228,9 @@ class CacheImpl final : public Cache {
   // Counters; writers update them, stats() reads them from any thread.
   std::atomic<std::uint64_t> slow_hits_{0}, misses_{0}, merges_{0}, evictions_{0};
   std::atomic<std::uint64_t> inval_in_use_{0}, inval_unused_{0}, deferred_{0}, overflows_{0};
-  std::atomic<std::int64_t> regions_{0}, pinned_{0};  // indexed or held (or being registered)
-  std::atomic<std::int64_t> unused_shared_{0};        // plus the readers' unused_delta
+  // Indexed or held (or being registered); modified under lock_ only (bump()).
+  std::atomic<std::int64_t> regions_{0}, pinned_{0};
+  std::atomic<std::int64_t> unused_shared_{0};  // plus the readers' unused_delta
 };
 
 }  // namespace gmd::rcache::detail
