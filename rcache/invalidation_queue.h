@@ -118,7 +118,10 @@ class InvalidationQueue {
         break;
       }
     }
-    const std::uint64_t over = overflow_.exchange(0, std::memory_order_seq_cst);
+    // Looked at first, taken only when non-zero: the usual drain does no read-modify-write. A push
+    // counted after the look is applied by the next drain (its invalidate() keeps attention_ up).
+    std::uint64_t over = overflow_.load(std::memory_order_seq_cst);
+    if (over != 0) over = overflow_.exchange(0, std::memory_order_seq_cst);
     *overflows = over;
     if (over != 0) {
       // The bounds as they are now. A push that had widened only its start when an earlier drain
