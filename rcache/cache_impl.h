@@ -5,7 +5,8 @@
 //
 // Thread safety: every public member from any thread (the Cache contract). Writers (misses,
 // invalidations, evictions, deferred work) hold lock_; the hit path and put() take no lock.
-// Lock order: thread-index registry mutex -> cache registry mutex (fork.cc) -> CacheImpl::lock_.
+// Lock order: thread-index registry mutex -> cache registry mutex (fork.cc) -> CacheImpl::lock_
+// -> the block pools' spin locks (block_pool.h; only the fork handlers hold them with another).
 // invalidate() only ever try-locks lock_, so code under lock_ may allocate (a hook raised by that
 // allocation queues its range instead of waiting).
 #pragma once
