@@ -126,7 +126,8 @@ void ucsNopDereg(void*, ucs_rcache_t*, ucs_rcache_region_t*) { ++g_ucs_deregs; }
 void ucsNopDump(void*, ucs_rcache_t*, ucs_rcache_region_t*, char* buf, size_t max) {
   if (max > 0) buf[0] = '\0';
 }
-const ucs_rcache_ops_t kUcsOps = {.mem_reg = ucsNopReg, .mem_dereg = ucsNopDereg, .dump_region = ucsNopDump};
+const ucs_rcache_ops_t kUcsOps = {
+    .mem_reg = ucsNopReg, .mem_dereg = ucsNopDereg, .dump_region = ucsNopDump};
 
 struct UcmApi {
   void (*set_external_event)(int) = nullptr;

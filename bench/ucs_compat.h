@@ -1,12 +1,13 @@
 // bench/ucs_compat.h — the few calls of UCX's own caches (ucs_rcache, the memtype cache) whose
-// signatures differ between the UCX releases gmd supports (1.13, 1.18, 1.22–1.23), so the benchmarks
-// drive the reference cache of whichever UCX they are built against.
+// signatures differ between the UCX releases gmd supports (1.13, 1.18, 1.22–1.23), so the
+// benchmarks drive the reference cache of whichever UCX they are built against.
 //
 // What changed after 1.13 (read from UCX's release tags): from 1.16 the memtype cache's lock is a
-// spinlock; from 1.17 ucs_rcache_get() takes the alignment per call instead of the create parameters;
-// from 1.18 the ops table has an (optional) merge callback; from 1.22 ucs_memtype_cache_update() takes memory
-// flags. The caches are created as UCX's IB MD creates its own (no UCS_RCACHE_FLAG_NEED_LRU_LOCK from
-// 1.21 on: the LRU lock is off where max_regions is unlimited either way).
+// spinlock; from 1.17 ucs_rcache_get() takes the alignment per call instead of the create
+// parameters; from 1.18 the ops table has an (optional) merge callback; from 1.22
+// ucs_memtype_cache_update() takes memory flags. The caches are created as UCX's IB MD creates its
+// own (no UCS_RCACHE_FLAG_NEED_LRU_LOCK from 1.21 on: the LRU lock is off where max_regions is
+// unlimited either way).
 //
 // Thread-safety: stateless helpers.
 #pragma once
