@@ -57,8 +57,8 @@ TEST_P(GmdRc, ListedWithHonestAttributes) {
                              UCT_IFACE_FLAG_AM_ZCOPY | UCT_IFACE_FLAG_CB_SYNC |
                              UCT_IFACE_FLAG_PENDING | UCT_IFACE_FLAG_CONNECT_TO_IFACE;
   EXPECT_EQ(need, attr_.cap.flags & need);
-  const std::uint64_t not_offered = UCT_IFACE_FLAG_CONNECT_TO_EP | UCT_IFACE_FLAG_PUT_SHORT |
-                                    UCT_IFACE_FLAG_GET_BCOPY | UCT_IFACE_FLAG_ATOMIC_CPU;
+  const std::uint64_t not_offered = UCT_IFACE_FLAG_CONNECT_TO_EP | UCT_IFACE_FLAG_GET_SHORT |
+                                    UCT_IFACE_FLAG_ATOMIC_CPU;
   EXPECT_EQ(0u, attr_.cap.flags & not_offered);
   EXPECT_GE(attr_.cap.put.max_zcopy, 8u << 20);
   EXPECT_GE(attr_.cap.put.max_iov, 1u);
@@ -75,8 +75,8 @@ TEST_P(GmdRc, ListedWithHonestAttributes) {
       reinterpret_cast<const uct_iface_addr_t*>(target_.iface_addr.data())));
 
   // Operations gmd_rc does not offer say so.
-  EXPECT_EQ(UCS_ERR_UNSUPPORTED, uct_ep_put_short(ep_, "x", 1, 0, 0));
-  EXPECT_EQ(UCS_ERR_UNSUPPORTED, uct_ep_get_bcopy(ep_, nullptr, nullptr, 1, 0, 0, nullptr));
+  char one = 0;
+  EXPECT_EQ(UCS_ERR_UNSUPPORTED, uct_ep_get_short(ep_, &one, 1, 0, 0));
 }
 
 TEST_P(GmdRc, PutAndGetMoveEveryByteAtManySizes) {

@@ -159,7 +159,9 @@ ucs_status_t Ep::postRdma(ibv_wr_opcode opcode, ibv_sge* sge, int nsge,
 
 ucs_status_t Ep::post(ibv_send_wr& wr, uct_completion_t* comp, std::int32_t bounce) noexcept {
   const std::uint64_t sn = posted_ + 1;
-  const bool signaled = comp != nullptr || sn - last_signaled_ >= iface_->limits_.signal_interval ||
+  // A caller may ask for a signal (IBV_SEND_SIGNALED already set: work requests that unpack data).
+  const bool signaled = comp != nullptr || (wr.send_flags & IBV_SEND_SIGNALED) != 0 ||
+                        sn - last_signaled_ >= iface_->limits_.signal_interval ||
                         inflight_ + 1 == ring_.size() ||
                         (bounce >= 0 && iface_->bounce_.available() < iface_->bounce_.count() / 4);
   wr.wr_id = sn;
@@ -268,11 +270,17 @@ void Ep::retire(std::uint64_t sn, ucs_status_t status) noexcept {
     --inflight_;
     ++completed_;
     ++iface_->tx_free_;
+    // Work requests before `sn` completed successfully (in order).
+    const ucs_status_t slot_status = completed_ == sn ? status : UCS_OK;
+    if (slot.unpack != nullptr && slot_status == UCS_OK && !destroyed_) {
+      slot.unpack(slot.unpack_arg, iface_->bounce_.buffer(static_cast<std::uint32_t>(slot.bounce)),
+                  slot.length);
+    }
     if (slot.bounce >= 0) iface_->releaseBounce(static_cast<std::uint32_t>(slot.bounce));
     if (destroyed_) continue;
-    // Work requests before `sn` completed successfully (in order). Callbacks may post, flush or
-    // destroy this endpoint; the iface defers destruction to the end of progress.
-    complete(slot.comp, completed_ == sn ? status : UCS_OK);
+    // Callbacks may post, flush or destroy this endpoint; the iface defers destruction to the end
+    // of progress.
+    complete(slot.comp, slot_status);
     while (!flushes_.empty() && flushes_.front().sn <= completed_) {
       uct_completion_t* f = flushes_.front().comp;
       flushes_.pop_front();

@@ -1,6 +1,7 @@
 // A gmd_rc endpoint: one active RC QP towards a peer iface, the operations UCT posts on it, its
 // ring of posted work requests, flush waiters, pending queue and active-message credits.
-// RMA, flush and the pending queue are in rc_ep.cc; active messages in rc_am.cc.
+// Zero-copy RMA, flush and the pending queue are in rc_ep.cc; active messages in rc_am.cc; put_short,
+// put/get_bcopy in rc_rma.cc; 64-bit atomics in rc_atomic.cc.
 //
 // Work requests: each gets a sequence number (its wr_id) and a ring slot holding its completion and
 // bounce buffer. Only some are signaled: those with a completion, every signal_interval-th, the one
@@ -63,6 +64,21 @@ class Ep {
   ucs_status_t amZcopy(std::uint8_t id, const void* header, unsigned header_length,
                        const uct_iov_t* iov, std::size_t iovcnt, unsigned flags,
                        uct_completion_t* comp) noexcept;
+  // --- Small RMA (md/rc/rc_rma.cc) and atomics (md/rc/rc_atomic.cc) ---
+  ucs_status_t putShort(const void* buffer, unsigned length, std::uint64_t remote_addr,
+                        uct_rkey_t rkey) noexcept;
+  ssize_t putBcopy(uct_pack_callback_t pack, void* arg, std::uint64_t remote_addr,
+                   uct_rkey_t rkey) noexcept;
+  ucs_status_t getBcopy(uct_unpack_callback_t unpack, void* arg, std::size_t length,
+                        std::uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t* comp) noexcept;
+  ucs_status_t atomic64Post(unsigned opcode, std::uint64_t value, std::uint64_t remote_addr,
+                            uct_rkey_t rkey) noexcept;
+  ucs_status_t atomic64Fetch(unsigned opcode, std::uint64_t value, std::uint64_t* result,
+                             std::uint64_t remote_addr, uct_rkey_t rkey,
+                             uct_completion_t* comp) noexcept;
+  ucs_status_t atomicCswap64(std::uint64_t compare, std::uint64_t swap, std::uint64_t remote_addr,
+                             uct_rkey_t rkey, std::uint64_t* result, uct_completion_t* comp) noexcept;
+  // --- End of small RMA and atomics ---
   ucs_status_t pendingAdd(uct_pending_req_t* req, unsigned flags) noexcept;
   void pendingPurge(uct_pending_purge_callback_t cb, void* arg) noexcept;
   ucs_status_t flush(unsigned flags, uct_completion_t* comp) noexcept;
@@ -85,6 +101,11 @@ class Ep {
   struct Slot {
     uct_completion_t* comp;
     std::int32_t bounce;  // send bounce buffer to release, or -1
+    // Called with the bounce buffer's first `length` bytes when the work request succeeded, before
+    // `comp` (get_bcopy's unpack callback, a fetching atomic's copy to the caller's result).
+    uct_unpack_callback_t unpack = nullptr;
+    void* unpack_arg = nullptr;
+    std::uint32_t length = 0;
   };
   struct Piece {  // a source of an am_short
     const void* data;
@@ -105,6 +126,12 @@ class Ep {
   ucs_status_t post(ibv_send_wr& wr, uct_completion_t* comp, std::int32_t bounce) noexcept;
   // A signaled zero-length RDMA WRITE (see above); `force` may use the CQ's reserve.
   ucs_status_t postNop(bool force) noexcept;
+  // The ring slot of the work request post() filled last (md/rc/rc_rma.cc sets its unpack).
+  Slot& newestSlot() noexcept { return ring_[(ring_head_ + inflight_ - 1) % ring_.size()]; }
+  // An atomic work request into a bounce buffer (md/rc/rc_atomic.cc); `result` null: discarded.
+  ucs_status_t postAtomic(ibv_wr_opcode opcode, std::uint64_t compare_add, std::uint64_t swap,
+                          std::uint64_t remote_addr, uct_rkey_t rkey, std::uint64_t* result,
+                          uct_completion_t* comp) noexcept;
   bool unsignaledTail() const noexcept { return inflight_ > 0 && last_signaled_ != posted_; }
   // A completion of work request `sn` with `status`: retires it and everything before it.
   void retire(std::uint64_t sn, ucs_status_t status) noexcept;

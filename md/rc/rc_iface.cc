@@ -263,6 +263,10 @@ ucs_status_t Iface::query(uct_iface_attr_t* attr) noexcept {
   attr->priority = 0;
   attr->dev_num_paths = 1;
   attr->max_num_eps = handle_.base.config.max_num_eps;
+  // --- Small RMA and atomics (md/rc/rc_rma.cc, md/rc/rc_atomic.cc) ---
+  queryRma(attr);
+  queryAtomics(attr);
+  // --- End of small RMA and atomics ---
   return UCS_OK;
 }
 

@@ -20,9 +20,10 @@
 //
 // Files: rc_config.* (UCX_GMD_RC_* and derived limits), rc_iface.* (this: the iface, its send CQ,
 // progress, events, UCX-facing attributes), rc_ep.* (endpoint operations; rc_am.cc its active
-// messages), rc_connect.* and rc_listener.* (connection set-up, both sides), rc_recv.* (receive
-// path), rc_pool.* (registered buffers), rc_qp.* / rc_gid.h (verbs plumbing), rc_wire.* (formats),
-// rc_transport.cc (the UCX ops tables).
+// messages, rc_rma.cc put_short and put/get bcopy, rc_atomic.cc 64-bit atomics), rc_connect.* and
+// rc_listener.* (connection set-up, both sides), rc_recv.* (receive path), rc_pool.* (registered
+// buffers), rc_qp.* / rc_gid.h (verbs plumbing), rc_wire.* (formats), rc_transport.cc (the UCX ops
+// tables).
 //
 // Thread safety: an iface and its endpoints are used by one thread at a time (UCT's contract); the
 // listener thread touches only the passive QPs and its sockets.
@@ -99,6 +100,17 @@ class Iface {
   std::size_t amMaxIov() const noexcept { return limits_.qp.max_send_sge - 1; }
   std::size_t amMaxHdr() const noexcept;
   std::size_t txInline() const noexcept { return tx_inline_; }
+  // --- Small RMA and atomics (md/rc/rc_rma.cc, md/rc/rc_atomic.cc) ---
+  // put_short / put_bcopy / get_bcopy limits (also what query() reports).
+  std::size_t putMaxShort() const noexcept;
+  std::size_t putMaxBcopy() const noexcept;
+  std::size_t getMaxBcopy() const noexcept;
+  // Whether the device offers verbs atomics (ibv_device_attr.atomic_cap).
+  bool hasAtomics() const noexcept;
+  // query()'s put/get short and bcopy fields and flags, and its atomic fields and flags.
+  void queryRma(uct_iface_attr_t* attr) const noexcept;
+  void queryAtomics(uct_iface_attr_t* attr) const noexcept;
+  // --- End of small RMA and atomics ---
 
  private:
   friend class Ep;

@@ -82,6 +82,40 @@ ucs_status_t getZcopy(uct_ep_h ep, const uct_iov_t* iov, size_t iovcnt, uint64_t
   return Ep::from(ep)->rdma(IBV_WR_RDMA_READ, iov, iovcnt, remote_addr, rkey, comp);
 }
 
+// --- Small RMA and atomics (md/rc/rc_rma.cc, md/rc/rc_atomic.cc) -----------------------------
+
+ucs_status_t putShort(uct_ep_h ep, const void* buffer, unsigned length, uint64_t remote_addr,
+                      uct_rkey_t rkey) noexcept {
+  return Ep::from(ep)->putShort(buffer, length, remote_addr, rkey);
+}
+
+ssize_t putBcopy(uct_ep_h ep, uct_pack_callback_t pack, void* arg, uint64_t remote_addr,
+                 uct_rkey_t rkey) noexcept {
+  return Ep::from(ep)->putBcopy(pack, arg, remote_addr, rkey);
+}
+
+ucs_status_t getBcopy(uct_ep_h ep, uct_unpack_callback_t unpack, void* arg, size_t length,
+                      uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t* comp) noexcept {
+  return Ep::from(ep)->getBcopy(unpack, arg, length, remote_addr, rkey, comp);
+}
+
+ucs_status_t atomicCswap64(uct_ep_h ep, uint64_t compare, uint64_t swap, uint64_t remote_addr,
+                           uct_rkey_t rkey, uint64_t* result, uct_completion_t* comp) noexcept {
+  return Ep::from(ep)->atomicCswap64(compare, swap, remote_addr, rkey, result, comp);
+}
+
+ucs_status_t atomic64Post(uct_ep_h ep, unsigned opcode, uint64_t value, uint64_t remote_addr,
+                          uct_rkey_t rkey) noexcept {
+  return Ep::from(ep)->atomic64Post(opcode, value, remote_addr, rkey);
+}
+
+ucs_status_t atomic64Fetch(uct_ep_h ep, unsigned opcode, uint64_t value, uint64_t* result,
+                           uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t* comp) noexcept {
+  return Ep::from(ep)->atomic64Fetch(opcode, value, result, remote_addr, rkey, comp);
+}
+
+// --- End of small RMA and atomics ---------------------------------------------------------------
+
 // --- Active messages and events (md/rc/rc_am.cc, md/rc/rc_recv.cc, Iface::eventArm) -------------
 
 ucs_status_t amShort(uct_ep_h ep, uint8_t id, uint64_t header, const void* payload,
@@ -174,22 +208,22 @@ int isReachable(const uct_iface_h iface, const uct_device_addr_t* dev_addr,
 }
 
 const uct_iface_ops_t kIfaceOps = {
-    .ep_put_short = GMD_RC_UNSUPPORTED(ep_put_short),
-    .ep_put_bcopy = GMD_RC_UNSUPPORTED(ep_put_bcopy),
+    .ep_put_short = putShort,
+    .ep_put_bcopy = putBcopy,
     .ep_put_zcopy = putZcopy,
     .ep_get_short = GMD_RC_UNSUPPORTED(ep_get_short),
-    .ep_get_bcopy = GMD_RC_UNSUPPORTED(ep_get_bcopy),
+    .ep_get_bcopy = getBcopy,
     .ep_get_zcopy = getZcopy,
     .ep_am_short = amShort,
     .ep_am_short_iov = amShortIov,
     .ep_am_bcopy = amBcopy,
     .ep_am_zcopy = amZcopy,
-    .ep_atomic_cswap64 = GMD_RC_UNSUPPORTED(ep_atomic_cswap64),
+    .ep_atomic_cswap64 = atomicCswap64,
     .ep_atomic_cswap32 = GMD_RC_UNSUPPORTED(ep_atomic_cswap32),
     .ep_atomic32_post = GMD_RC_UNSUPPORTED(ep_atomic32_post),
-    .ep_atomic64_post = GMD_RC_UNSUPPORTED(ep_atomic64_post),
+    .ep_atomic64_post = atomic64Post,
     .ep_atomic32_fetch = GMD_RC_UNSUPPORTED(ep_atomic32_fetch),
-    .ep_atomic64_fetch = GMD_RC_UNSUPPORTED(ep_atomic64_fetch),
+    .ep_atomic64_fetch = atomic64Fetch,
     .ep_tag_eager_short = GMD_RC_UNSUPPORTED(ep_tag_eager_short),
     .ep_tag_eager_bcopy = GMD_RC_UNSUPPORTED(ep_tag_eager_bcopy),
     .ep_tag_eager_zcopy = GMD_RC_UNSUPPORTED(ep_tag_eager_zcopy),
