@@ -1,0 +1,78 @@
+#!/bin/bash
+# UCP one-sided over gmd_rc alone (UCX_TLS=gmd_rc,self), two processes, client on the last RDMA
+# device, server on the first (rxe1 -> rxe0 in the soft-RoCE VM).
+#  - ucx_info -e with the RMA and AMO features: the endpoint's RMA lane is gmd_rc (put_short,
+#    put/get_bcopy and the pending queue make it one); atomics are UCP's software atomics over gmd_rc's
+#    AM lane, as with UCX's own rc_verbs (verbs lacks the full 64-bit op set UCP's AMO lane needs).
+#  - ucx_perftest ucp_put_lat and ucp_get at 8 B (short / bcopy), 4 KiB (bcopy) and 64 KiB (zero-copy),
+#    and ucp_fadd 8 B.
+# Every run must finish under `timeout` (a stall fails it) with a Final line on the client.
+# Usage: ucp_rma_check.sh PATH/TO/libuct_gmd.so
+set -u
+plugin=$1
+ulimit -l unlimited 2>/dev/null
+devs=($(ls /sys/class/infiniband 2>/dev/null))
+((${#devs[@]} > 0)) || { echo "FAIL: no RDMA devices"; exit 1; }
+sdev=${devs[0]}:1
+cdev=${devs[-1]}:1
+nd=$(rdma link show "${devs[0]}/1" 2>/dev/null | sed -n 's/.*netdev \([^ ]*\).*/\1/p')
+sip=$(ip -4 -o addr show dev "${nd:-none}" 2>/dev/null | awk '{ sub("/.*", "", $4); print $4; exit }')
+sip=${sip:-127.0.0.1}
+port=15337
+fail=0
+source "$(dirname "${BASH_SOURCE[0]}")/perftest_server.sh"
+work=$(mktemp -d) || { echo "FAIL: mktemp"; exit 1; }
+trap 'rm -rf "$work"' EXIT
+cd "$work" || exit 1
+# A ucx_perftest built with MPI (Debian 13's) waits for MPI peers unless told not to (-P 0).
+mpi_off=()
+ucx_perftest -h 2>&1 | grep -q -- '-P <0|1>' && mpi_off=(-P 0)
+export LD_PRELOAD=$plugin UCX_TLS=gmd_rc,self
+
+# ucx_info -e connects a worker to itself; without self in the list every lane is a transport's.
+# UCX 1.13 marks no lane "rma" but prints put/get thresholds for RMA lanes only (with emulation over
+# AM there are none). UCX 1.23 (protocols v2) shows gmd_rc as an rma_bw lane, which its put/get
+# protocols use.
+info=$(UCX_TLS=gmd_rc UCX_NET_DEVICES=$sdev timeout 120 ucx_info -e -u ra 2>&1)
+if echo "$info" | grep -Eq 'lane\[[0-9]+\]:.*gmd_rc.* rma(_bw)?(#[0-9]+)?( |$)' ||
+   { echo "$info" | grep -Eq 'lane\[[0-9]+\]:.*gmd_rc' &&
+     echo "$info" | grep -Eq 'put\[[0-9]+\]: 0\.\.<short>'; }; then
+  echo "ucx_info -e -u ra: the RMA lane is gmd_rc"
+  echo "$info" | grep -E 'lane\[|put\[|get\[' | sed 's/^/    /'
+else
+  echo "FAIL: ucx_info -e -u ra shows no RMA lane on gmd_rc"
+  echo "$info" | tail -n 20
+  fail=1
+fi
+
+run() {  # run TEST SIZE ITERS: one server/client pair
+  local test=$1 size=$2 iters=$3
+  local args=(-t "$test" -s "$size" -n "$iters" -w 20 -p "$port" "${mpi_off[@]}")
+  UCX_NET_DEVICES=$sdev timeout 120 ucx_perftest "${args[@]}" >server.log 2>&1 &
+  local spid=$!
+  wait_for_server "$spid" "$port" || echo "note: the $test server is not listening on port $port"
+  port=$((port + 1))
+  local out crc src line
+  out=$(UCX_NET_DEVICES=$cdev timeout 120 ucx_perftest "$sip" "${args[@]}" 2>&1)
+  crc=$?
+  wait "$spid"
+  src=$?
+  line=$(echo "$out" | grep '^Final:')
+  if ((crc != 0 || src != 0)) || [[ -z $line ]]; then
+    echo "FAIL: $test $size B: client rc=$crc server rc=$src$( ((crc == 124 || src == 124)) && echo ' (stalled)')"
+    echo "$out" | tail -n 5
+    tail -n 5 server.log
+    fail=1
+    return
+  fi
+  echo "$test $size B: $(echo "$line" | awk '{ printf "%s us typical, %s MB/s", $3, $7 }')"
+}
+
+for test in ucp_put_lat ucp_get; do
+  for size in 8 4096 65536; do
+    run "$test" "$size" 500
+  done
+done
+run ucp_fadd 8 500
+[ $fail -eq 0 ] && echo "PASS: UCP ucp_put_lat, ucp_get, ucp_fadd over gmd_rc,self; RMA lane on gmd_rc"
+exit $fail
