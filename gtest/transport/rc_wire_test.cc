@@ -71,6 +71,12 @@ TEST(RcWire, HandshakeRoundTripsAndRejectsGarbage) {
   EXPECT_EQ(h.psn, g.psn);
   EXPECT_EQ(7, g.lid);
   EXPECT_EQ(0, std::memcmp(h.gid.raw, g.gid.raw, 16));
+  EXPECT_EQ(FrameKind::kConnect, g.kind);
+  h.kind = FrameKind::kRelease;
+  packHandshake(h, buf);
+  ASSERT_EQ(UCS_OK, unpackHandshake(buf, &g));
+  EXPECT_EQ(FrameKind::kRelease, g.kind);
+  EXPECT_EQ(h.qpn, g.qpn);
 
   std::uint8_t bad[kHandshakeSize];
   std::memcpy(bad, buf, sizeof(bad));
@@ -84,6 +90,9 @@ TEST(RcWire, HandshakeRoundTripsAndRejectsGarbage) {
   EXPECT_EQ(UCS_ERR_INVALID_PARAM, unpackHandshake(bad, &g));
   std::memcpy(bad, buf, sizeof(bad));
   bad[15] = 1;  // PSN wider than 24 bits
+  EXPECT_EQ(UCS_ERR_INVALID_PARAM, unpackHandshake(bad, &g));
+  std::memcpy(bad, buf, sizeof(bad));
+  bad[18] = 2;  // no such frame kind
   EXPECT_EQ(UCS_ERR_INVALID_PARAM, unpackHandshake(bad, &g));
 }
 

@@ -12,16 +12,6 @@
 #include <cstring>
 
 namespace gmd::md::rc {
-namespace {
-
-// Where a handshake exchange stands after socketIo returned `r`, anything but kDone.
-Connector::Step unfinished(IoResult r, const char** why) {
-  if (r == IoResult::kAgain) return Connector::Step::kWaiting;
-  *why = r == IoResult::kClosed ? "the peer closed the connection" : std::strerror(errno);
-  return Connector::Step::kFailed;
-}
-
-}  // namespace
 
 IoResult socketIo(int fd, IoDirection dir, void* buf, std::size_t len, std::size_t* done) noexcept {
   auto* p = static_cast<std::uint8_t*>(buf);
@@ -44,8 +34,7 @@ IoResult socketIo(int fd, IoDirection dir, void* buf, std::size_t len, std::size
   return IoResult::kDone;
 }
 
-ucs_status_t Connector::start(const IfaceAddress& peer, const Handshake& request,
-                              double timeout_seconds) noexcept {
+ucs_status_t Link::start(const IfaceAddress& peer) noexcept {
   fd_ = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd_ < 0) {
     ucs_error("gmd_rc: socket: %s", std::strerror(errno));
@@ -65,50 +54,72 @@ ucs_status_t Connector::start(const IfaceAddress& peer, const Handshake& request
     close();
     return UCS_ERR_UNREACHABLE;
   }
-  packHandshake(request, io_buf_);
-  deadline_ = std::chrono::steady_clock::now() +
-              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                  std::chrono::duration<double>(timeout_seconds));
   return UCS_OK;
 }
 
-short Connector::events() const noexcept { return request_sent_ ? POLLIN : POLLOUT; }
+short Link::events() const noexcept {
+  if (!connected_) return POLLOUT;
+  return static_cast<short>(POLLIN | (out_done_ < out_.size() ? POLLOUT : 0));
+}
 
-Connector::Step Connector::step(Handshake* reply, const char** why) noexcept {
-  if (!request_sent_) {
+bool Link::queue(const Handshake& frame) noexcept {
+  try {
+    if (out_done_ == out_.size()) {  // all sent: start over
+      out_.clear();
+      out_done_ = 0;
+    }
+    const std::size_t at = out_.size();
+    out_.resize(at + kHandshakeSize);
+    packHandshake(frame, out_.data() + at);
+  } catch (...) {
+    return false;
+  }
+  if (!connected_) return true;
+  const IoResult r = socketIo(fd_, IoDirection::kSend, out_.data(), out_.size(), &out_done_);
+  return r == IoResult::kDone || r == IoResult::kAgain;
+}
+
+bool Link::step(Handshake* replies, std::size_t* nreplies, const char** why) noexcept {
+  *nreplies = 0;
+  if (!connected_) {
     int err = 0;
     socklen_t len = sizeof(err);
     if (getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
     if (err != 0) {
       *why = std::strerror(err);
-      return Step::kFailed;
+      return false;
     }
-    if (const IoResult r = socketIo(fd_, IoDirection::kSend, io_buf_, kHandshakeSize, &io_done_);
-        r != IoResult::kDone) {
-      return unfinished(r, why);
+    connected_ = true;
+  }
+  if (hasOutput()) {
+    const IoResult r = socketIo(fd_, IoDirection::kSend, out_.data(), out_.size(), &out_done_);
+    if (r == IoResult::kClosed || r == IoResult::kError) {
+      *why = r == IoResult::kClosed ? "the peer closed the connection" : std::strerror(errno);
+      return false;
     }
-    request_sent_ = true;
-    io_done_ = 0;
-    return Step::kWaiting;
   }
-  if (const IoResult r = socketIo(fd_, IoDirection::kRecv, io_buf_, kHandshakeSize, &io_done_);
-      r != IoResult::kDone) {
-    return unfinished(r, why);
+  while (*nreplies < kMaxRepliesPerStep) {
+    const IoResult r = socketIo(fd_, IoDirection::kRecv, in_, kHandshakeSize, &in_done_);
+    if (r == IoResult::kAgain) break;
+    if (r != IoResult::kDone) {
+      *why = r == IoResult::kClosed ? "the peer closed the connection" : std::strerror(errno);
+      return false;
+    }
+    in_done_ = 0;
+    Handshake& h = replies[*nreplies];
+    if (unpackHandshake(in_, &h) != UCS_OK || h.kind != FrameKind::kConnect) {
+      *why = "malformed handshake reply";
+      return false;
+    }
+    ++*nreplies;
   }
-  if (unpackHandshake(io_buf_, reply) != UCS_OK) {
-    *why = "malformed handshake reply";
-    return Step::kFailed;
-  }
-  if (reply->status != 0) {
-    *why = "the peer refused the connection";
-    return Step::kFailed;
-  }
-  return Step::kReplied;
+  return true;
 }
 
-void Connector::close() noexcept {
+void Link::close() noexcept {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+  connected_ = false;
 }
 
 }  // namespace gmd::md::rc

@@ -250,10 +250,6 @@ ucs_status_t Ep::check(unsigned flags, uct_completion_t* comp) noexcept {
     iface_->failed(this);  // no-op when the handler heard of it already
     return UCS_OK;
   }
-  if (peer_closed_) {
-    check_requested_ = true;  // Iface::failClosedPeers fails it in this progress
-    return UCS_OK;
-  }
   if (state_ != State::kReady) return UCS_OK;  // a failing connect reports itself
   // The probe: a zero-length WRITE needs no remote key or address (IB spec C9-88) and is
   // acknowledged by the peer's RC transport, not by software: it fails only when the peer's QP is

@@ -15,10 +15,10 @@
 // path answers with one grant for everything it consumed. Without credits an AM returns
 // UCS_ERR_NO_RESOURCE and the pending queue waits for the grant.
 //
-// Lifecycle: created connecting by Iface::createEp (its Connector runs the handshake, see
-// md/rc/rc_connect.h), ready once the QP reached RTS, failed after a failed work request or
-// connection (every operation then returns the error). Destruction is deferred by the iface while
-// work requests of the endpoint are still in the send CQ.
+// Lifecycle: created connecting by Iface::createEp (its handshake goes over the link to the peer
+// iface, see md/rc/rc_connect.h), ready once the QP reached RTS, failed after a failed work request
+// or connection (every operation then returns the error). Destruction is deferred by the iface
+// while work requests of the endpoint are still in the send CQ.
 //
 // Thread safety: used by the iface's thread only (UCT's contract: an iface and its endpoints are
 // used by one thread at a time).
@@ -28,6 +28,7 @@
 #include <sys/types.h>
 #include <uct/api/uct.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -87,8 +88,8 @@ class Ep {
   bool connectedTo(const uct_device_addr_t* dev_addr,
                    const uct_iface_addr_t* iface_addr) const noexcept;
   // uct_ep_check: UCS_OK, and the error handler runs (once) if the peer is gone: at once when the
-  // endpoint already failed or its peer closed the side channel, else after a zero-length RDMA WRITE
-  // probe failed its retries. UCS_ERR_NO_RESOURCE when the probe has no room now.
+  // endpoint already failed (its peer closed the side channel, say), else after a zero-length RDMA
+  // WRITE probe failed its retries. UCS_ERR_NO_RESOURCE when the probe has no room now.
   ucs_status_t check(unsigned flags, uct_completion_t* comp) noexcept;
 
  private:
@@ -149,13 +150,12 @@ class Ep {
   DeviceAddress peer_dev_{};  // the addresses it was created for
   IfaceAddress peer_iface_{};
   ibv_qp* qp_ = nullptr;
-  Connector connector_;
+  PeerLink* link_ = nullptr;  // the connection to the peer iface it shares, while it uses it
+  std::chrono::steady_clock::time_point connect_deadline_{};
   std::uint32_t psn_ = 0;
   State state_ = State::kConnecting;
   ucs_status_t error_ = UCS_OK;
   bool error_reported_ = false;
-  bool peer_closed_ = false;      // the peer closed the side channel (Iface::peerClosed)
-  bool check_requested_ = false;  // uct_ep_check on such an endpoint: fail it now
   // Posted work requests, oldest first (RC completes in order).
   std::vector<Slot> ring_;
   std::size_t ring_head_ = 0;

@@ -125,6 +125,10 @@ ucs_status_t Iface::init(Md* md, const char* dev_name, const IfaceConfig& config
       st != UCS_OK) {
     return st;
   }
+  // Each endpoint is a QP of the device (and one more on the peer's): never more than it has.
+  handle_.base.config.max_num_eps =
+      std::min<std::size_t>(handle_.base.config.max_num_eps,
+                            static_cast<std::size_t>(std::max(md->deviceAttr().max_qp, 1)));
   connect_timeout_ = config.connect_timeout;
   latency_ = config.latency;
   overhead_ = config.overhead;
@@ -207,6 +211,7 @@ Iface::~Iface() {
   for (Ep* ep : destroyed_) release(ep);
   eps_.clear();
   destroyed_.clear();
+  links_.clear();    // closes them
   recv_.shutdown();  // passive QPs, SRQ, receive CQ
   if (cq_ != nullptr) ibv_destroy_cq(cq_);
   if (channel_ != nullptr) ibv_destroy_comp_channel(channel_);
@@ -344,12 +349,29 @@ ucs_status_t Iface::createEp(const uct_ep_params_t* params, uct_ep_h* ep_p) noex
   ep->fc_credits_ = limits_.fc_wnd;
   ep->psn_ = randomPsn();
   ep->fence_epoch_ = fence_epoch_;
-  if (ucs_status_t st = ep->connector_.start(peer, localHandshake(port_, ep->qp_, ep->psn_),
-                                             connect_timeout_);
-      st != UCS_OK) {
+  PeerLink* link = linkTo(peer);
+  if (link == nullptr) {
     release(ep);
-    return st;
+    return UCS_ERR_UNREACHABLE;
   }
+  bool queued = false;
+  try {
+    link->eps.reserve(link->eps.size() + 1);
+    link->waiting.push_back(ep);
+    queued = link->link.queue(localHandshake(port_, ep->qp_, ep->psn_));
+    if (!queued) link->waiting.pop_back();
+  } catch (...) {
+  }
+  if (!queued) {
+    if (link->eps.empty()) dropLink(link);
+    release(ep);
+    return UCS_ERR_NO_MEMORY;
+  }
+  link->eps.push_back(ep);  // room reserved above
+  ep->link_ = link;
+  ep->connect_deadline_ = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(connect_timeout_));
   eps_.push_back(ep);
   connecting_.push_back(ep);
   *ep_p = ep->handle();
@@ -360,7 +382,6 @@ void Iface::destroyEp(Ep* ep) noexcept {
   eraseValue(eps_, ep);
   eraseValue(connecting_, ep);
   eraseValue(failed_, ep);
-  eraseValue(peer_closed_, ep);
   if (ep->in_pending_list_) {
     pending_eps_.erase(std::remove(pending_eps_.begin(), pending_eps_.end(), ep),
                        pending_eps_.end());
@@ -369,9 +390,10 @@ void Iface::destroyEp(Ep* ep) noexcept {
   ep->pending_.clear();
   ep->flushes_.clear();
   ep->destroyed_ = true;
-  // Close the socket now: the peer's listener destroys its QP.
-  peer_watch_.remove(ep->connector_.fd());
-  ep->connector_.close();
+  // Tell the peer now (a release frame, or closing the link if it was the last): its listener
+  // destroys the passive QP. The QP number stays ours until release(), so no new endpoint's request
+  // can overtake the release with the same number.
+  leaveLink(ep, true);
   if (ep->inflight_ == 0 && !in_progress_) {
     release(ep);
     return;
@@ -407,9 +429,12 @@ unsigned Iface::progress() noexcept {
   in_progress_ = true;
   unsigned n = recv_.progress();
   n += pollCq();
-  if (!connecting_.empty()) n += progressConnections();
-  if (peer_watch_.due()) n += peer_watch_.check([this](void* ep) { peerClosed(static_cast<Ep*>(ep)); });
-  if (!peer_closed_.empty()) n += failClosedPeers();
+  if (!connecting_.empty() || link_output_) n += progressConnections();
+  if (peer_watch_.due()) {
+    n += peer_watch_.check([this](void* link) {
+      linkFailed(static_cast<PeerLink*>(link), "the peer closed the connection");
+    });
+  }
   if (!pending_eps_.empty() && tx_free_ > 0) n += dispatchPending();
   if (!failed_.empty()) reportFailures();
   in_progress_ = false;
@@ -489,34 +514,63 @@ void Iface::wakePending() noexcept {
 }
 
 unsigned Iface::progressConnections() noexcept {
+  // The links with something to send or a reply due, 32 at a time.
   pollfd fds[32];
-  const std::size_t n = std::min<std::size_t>(connecting_.size(), 32);
-  for (std::size_t i = 0; i < n; ++i) {
-    fds[i] = {connecting_[i]->connector_.fd(), connecting_[i]->connector_.events(), 0};
+  PeerLink* links[32];
+  std::size_t n = 0;
+  link_output_ = false;
+  for (const auto& entry : links_) {
+    PeerLink* l = entry.second.get();
+    if (!l->link.busy(!l->waiting.empty())) continue;
+    link_output_ |= l->link.hasOutput();
+    if (n == 32) continue;
+    fds[n] = {l->link.fd(), l->link.events(), 0};
+    links[n++] = l;
   }
-  const int ready = poll(fds, n, 0);
-  if (ready < 0) return 0;
-  // Copy: a step that ends the exchange removes its endpoint from connecting_.
-  Ep* eps[32];
-  std::copy(connecting_.begin(), connecting_.begin() + static_cast<std::ptrdiff_t>(n), eps);
-  const auto now = std::chrono::steady_clock::now();
   unsigned done = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    Ep* ep = eps[i];
-    if (fds[i].revents == 0) {
-      if (ep->connector_.expired(now)) {
-        connectionFailed(ep, UCS_ERR_UNREACHABLE, "timed out (UCX_GMD_RC_CONNECT_TIMEOUT)");
+  if (n > 0 && poll(fds, n, 0) > 0) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (fds[i].revents == 0) continue;
+      ++done;
+      PeerLink* l = links[i];
+      Handshake replies[Link::kMaxRepliesPerStep];
+      std::size_t got = 0;
+      const char* why = nullptr;
+      const bool ok = l->link.step(replies, &got, &why);
+      // Replies first: they came before whatever broke the link.
+      for (std::size_t r = 0; r < got && !l->waiting.empty(); ++r) {
+        Ep* ep = l->waiting.front();
+        l->waiting.pop_front();
+        if (ep == nullptr) continue;  // it left; its release frame follows the request
+        if (replies[r].status != 0) {
+          const bool last = l->eps.size() == 1;
+          leaveLink(ep, false);  // the last endpoint: the link is closed and gone
+          connectionFailed(ep, UCS_ERR_UNREACHABLE, "the peer refused the connection");
+          if (last) {
+            l = nullptr;
+            break;
+          }
+          continue;
+        }
+        connectionReady(ep, replies[r]);
       }
-      continue;
+      if (l == nullptr) continue;
+      if (!ok) {
+        linkFailed(l, why);
+      } else if (l->link.connected() && !l->watched) {
+        l->watched = peer_watch_.add(l->link.fd(), l);
+      }
     }
-    ++done;
-    Handshake reply;
-    const char* why = nullptr;
-    switch (ep->connector_.step(&reply, &why)) {
-      case Connector::Step::kWaiting: break;
-      case Connector::Step::kReplied: connectionReady(ep, reply); break;
-      case Connector::Step::kFailed: connectionFailed(ep, UCS_ERR_UNREACHABLE, why); break;
-    }
+  }
+  // Deadlines (UCX_GMD_RC_CONNECT_TIMEOUT); copy: a failure removes the endpoint from connecting_.
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<Ep*> late;
+  for (Ep* ep : connecting_) {
+    if (now > ep->connect_deadline_) late.push_back(ep);
+  }
+  for (Ep* ep : late) {
+    leaveLink(ep, true);
+    connectionFailed(ep, UCS_ERR_UNREACHABLE, "timed out (UCX_GMD_RC_CONNECT_TIMEOUT)");
   }
   return done;
 }
@@ -529,10 +583,75 @@ void Iface::connectionReady(Ep* ep, const Handshake& reply) noexcept {
   }
   eraseValue(connecting_, ep);
   ep->state_ = Ep::State::kReady;
-  peer_watch_.add(ep->connector_.fd(), ep);
   ucs_debug("gmd_rc %s: endpoint %p connected, QP 0x%x to 0x%x", name(), static_cast<void*>(ep),
             ep->qp_->qp_num, reply.qpn);
   if (!ep->pending_.empty()) schedulePending(ep);
+}
+
+// --- Links
+// ------------------------------------------------------------------------------------------
+
+PeerLink* Iface::linkTo(const IfaceAddress& peer) noexcept {
+  const std::uint64_t key = (static_cast<std::uint64_t>(peer.ipv4_be) << 16) | peer.port_be;
+  if (auto it = links_.find(key); it != links_.end()) return it->second.get();
+  std::unique_ptr<PeerLink> l(new (std::nothrow) PeerLink);
+  if (l == nullptr) return nullptr;
+  l->key = key;
+  if (l->link.start(peer) != UCS_OK) return nullptr;  // logged
+  try {
+    return links_.emplace(key, std::move(l)).first->second.get();
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void Iface::leaveLink(Ep* ep, bool release) noexcept {
+  PeerLink* l = ep->link_;
+  if (l == nullptr) return;
+  ep->link_ = nullptr;
+  eraseValue(l->eps, ep);
+  for (Ep*& w : l->waiting) {
+    if (w == ep) w = nullptr;
+  }
+  if (l->eps.empty()) {  // closing it releases every passive QP of it at the peer
+    dropLink(l);
+    return;
+  }
+  if (!release || ep->qp_ == nullptr) return;
+  Handshake frame = localHandshake(port_, ep->qp_, 0);
+  frame.kind = FrameKind::kRelease;
+  if (!l->link.queue(frame)) {
+    ucs_diag(
+        "gmd_rc %s: endpoint %p: cannot send its release: its passive QP stays until the "
+        "link closes",
+        name(), static_cast<void*>(ep));
+  }
+  link_output_ |= l->link.hasOutput();  // the rest goes from progress
+}
+
+void Iface::dropLink(PeerLink* l) noexcept {
+  if (l->watched) peer_watch_.remove(l->link.fd());
+  for (Ep* ep : l->eps) ep->link_ = nullptr;
+  links_.erase(l->key);  // closes the socket
+}
+
+// The peer closed the link (its process or iface is gone) or it broke: endpoints still connecting
+// fail to connect, connected ones learn that the peer is gone (peerClosed).
+void Iface::linkFailed(PeerLink* l, const char* why) noexcept {
+  std::vector<Ep*> eps;
+  try {
+    eps = l->eps;
+  } catch (...) {
+    // Without the list, none of them is told: each fails through its QP's retries.
+  }
+  dropLink(l);
+  for (Ep* ep : eps) {
+    if (ep->state_ == Ep::State::kConnecting) {
+      connectionFailed(ep, UCS_ERR_UNREACHABLE, why);
+    } else {
+      peerClosed(ep);
+    }
+  }
 }
 
 void Iface::connectionFailed(Ep* ep, ucs_status_t status, const char* why) noexcept {
@@ -604,38 +723,14 @@ void Iface::reportFailures() noexcept {
   }
 }
 
-// --- Peer failure ---------------------------------------------------------------------------------
+// --- Peer failure
+// ---------------------------------------------------------------------------------
 
+// The peer closed the link: the endpoint fails now, busy or idle (a UCP endpoint may be waiting
+// for an answer only the peer would send, a rendezvous or an emulated get, with nothing queued here).
 void Iface::peerClosed(Ep* ep) noexcept {
-  peer_watch_.remove(ep->connector_.fd());
   if (ep->destroyed_ || ep->error_ != UCS_OK) return;
-  ucs_debug("gmd_rc %s: endpoint %p: the peer closed the connection", name(),
-            static_cast<void*>(ep));
-  ep->peer_closed_ = true;
-  try {
-    peer_closed_.push_back(ep);
-  } catch (...) {
-    failPeerGone(ep);
-    return;
-  }
-  failClosedPeers();
-}
-
-unsigned Iface::failClosedPeers() noexcept {
-  unsigned n = 0;
-  auto busy = [](const Ep* ep) {
-    return ep->inflight_ > 0 || !ep->pending_.empty() || ep->check_requested_;
-  };
-  // failPeerGone does not touch peer_closed_, so partition first and fail afterwards.
-  auto it = std::stable_partition(peer_closed_.begin(), peer_closed_.end(),
-                                  [&](Ep* ep) { return !busy(ep); });
-  std::vector<Ep*> now(it, peer_closed_.end());
-  peer_closed_.erase(it, peer_closed_.end());
-  for (Ep* ep : now) {
-    failPeerGone(ep);
-    ++n;
-  }
-  return n;
+  failPeerGone(ep);
 }
 
 // The peer's process died or its iface closed: fail the endpoint with UCS_ERR_CONNECTION_RESET
@@ -672,7 +767,8 @@ ucs_status_t Iface::eventFd(int* fd) noexcept {
 }
 
 bool Iface::hasWork() const noexcept {
-  if (!send_backlog_.empty() || !connecting_.empty() || !failed_.empty() || recv_.hasWork()) {
+  if (!send_backlog_.empty() || !connecting_.empty() || link_output_ || !failed_.empty() ||
+      recv_.hasWork()) {
     return true;
   }
   for (const Ep* ep : pending_eps_) {

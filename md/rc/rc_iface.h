@@ -1,13 +1,15 @@
 // gmd_rc: a UCT transport of reliable-connected verbs QPs on a gmd MD's protection domain.
 //
-// Connection model (connect-to-iface, no auxiliary transport): every iface runs a small TCP listener
-// whose IPv4 address and port are the iface address; the device address carries the port's GID/LID.
-// uct_ep_create(iface address, device address) creates an RC QP and connects it asynchronously: a
-// non-blocking TCP connect, then the handshake (QP number, PSN, GID, MTU, see md/rc/rc_wire.h). The
-// listener thread of the peer creates a "passive" QP for the endpoint, brings it to RTS and answers;
-// progress then brings the endpoint's QP to RTS. Until then put/get return UCS_ERR_NO_RESOURCE and
-// callers use the pending queue. The TCP connection stays open for the endpoint's lifetime: when the
-// peer's endpoint goes away (or its process dies) the passive QP is destroyed.
+// Connection model (connect-to-iface, no auxiliary transport): every iface runs a small TCP
+// listener whose IPv4 address and port are the iface address; the device address carries the port's
+// GID/LID. uct_ep_create(iface address, device address) creates an RC QP and connects it
+// asynchronously: a non-blocking TCP connect, then the handshake (QP number, PSN, GID, MTU, see
+// md/rc/rc_wire.h). The listener thread of the peer creates a "passive" QP for the endpoint, brings
+// it to RTS and answers; progress then brings the endpoint's QP to RTS. Until then put/get return
+// UCS_ERR_NO_RESOURCE and callers use the pending queue. All endpoints to one peer iface share one
+// TCP connection (a Link), open while any of them lives: a destroyed endpoint's passive QP is
+// released by a frame on it, and when it closes (last endpoint gone, process dead) the peer
+// destroys them all.
 //
 // Active messages travel as SEND_WITH_IMM from an endpoint's QP to the peer's passive QP, into the
 // peer iface's shared receive queue (md/rc/rc_recv.h); credits come back the other way.
@@ -119,6 +121,11 @@ class Iface {
   unsigned pollCq() noexcept;
   unsigned progressConnections() noexcept;
   void connectionReady(Ep* ep, const Handshake& reply) noexcept;
+  // --- Links (md/rc/rc_connect.h) ---
+  PeerLink* linkTo(const IfaceAddress& peer) noexcept;  // existing or new (nullptr: failed, logged)
+  void leaveLink(Ep* ep, bool release) noexcept;        // `release`: its passive QP may exist
+  void linkFailed(PeerLink* link, const char* why) noexcept;  // fails or warns its endpoints
+  void dropLink(PeerLink* link) noexcept;                     // closes and forgets it
   void connectionFailed(Ep* ep, ucs_status_t status, const char* why) noexcept;
   void failed(Ep* ep) noexcept;  // queue the error handler call for a just-failed endpoint
   // An endpoint was refused for lack of iface resources (CQ credits, bounce buffers when
@@ -133,8 +140,7 @@ class Iface {
   void reportFailures() noexcept;
   void reapDestroyed() noexcept;
   // --- Peer failure (side channel closed; see md/rc/rc_peer_watch.h) ---
-  void peerClosed(Ep* ep) noexcept;
-  unsigned failClosedPeers() noexcept;  // those of peer_closed_ that have work now
+  void peerClosed(Ep* ep) noexcept;     // its link closed by the peer
   void failPeerGone(Ep* ep) noexcept;
   void release(Ep* ep) noexcept;  // deletes it, destroying its QP and socket
 
@@ -164,15 +170,14 @@ class Iface {
   std::deque<Ep*> pending_eps_;  // endpoints with pending requests
   std::vector<Ep*> failed_;      // endpoints whose failure the error handler has not seen
   std::vector<Ep*> destroyed_;   // destroyed endpoints still holding work requests or in progress
-  // Idle endpoints whose peer closed the side channel: they fail (error handler) once they have
-  // work, so a peer that merely finished and closed is not reported as failed.
-  std::vector<Ep*> peer_closed_;
+  std::unordered_map<std::uint64_t, std::unique_ptr<PeerLink>> links_;  // by PeerLink::key
+  bool link_output_ = false;  // some link may have frames to send (progressConnections)
   PeerWatch peer_watch_;
   std::unique_ptr<Listener> listener_;
 };
 
-// The transport descriptor registered into component gmd (md/component.cc), and its iface operations
-// (md/rc/rc_transport.cc).
+// The transport descriptor registered into component gmd (md/component.cc), and its iface
+// operations (md/rc/rc_transport.cc).
 ucx::Transport* transport() noexcept;
 const uct_iface_ops_t& ifaceOps() noexcept;
 

@@ -19,8 +19,9 @@
 namespace gmd::md::rc {
 namespace {
 
-// How long the thread waits for a requester that connected to send its handshake.
-constexpr int kHandshakeTimeoutSec = 10;
+// How long the thread waits for the rest of a frame that has begun to arrive, and for an answer
+// to leave.
+constexpr int kFrameTimeoutSec = 10;
 
 }  // namespace
 
@@ -88,11 +89,7 @@ void Listener::run() noexcept {
     if (fds[0].revents != 0) return;
     // Connections first (indexes shift when one closes), newest last.
     for (std::size_t i = fds.size(); i-- > 2;) {
-      if (fds[i].revents == 0) continue;
-      char byte;
-      const ssize_t r = recv(fds[i].fd, &byte, 1, MSG_DONTWAIT);
-      if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EINTR))) continue;  // not a close
-      closeConn(i - 2);
+      if (fds[i].revents != 0 && !serve(conns_[i - 2])) closeConn(i - 2);
     }
     if (fds[1].revents & POLLIN) accept();
   }
@@ -106,26 +103,64 @@ void Listener::accept() noexcept {
     }
     return;
   }
-  timeval tv{kHandshakeTimeoutSec, 0};
+  timeval tv{kFrameTimeoutSec, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-
-  std::uint8_t buf[kHandshakeSize];
-  Handshake request;
-  std::size_t got = 0;
-  if (socketIo(fd, IoDirection::kRecv, buf, sizeof(buf), &got) != IoResult::kDone) {
-    ucs_diag("gmd_rc %s: a peer connected but sent no handshake", name_.c_str());
+  try {
+    conns_.push_back({fd, {}});
+  } catch (...) {
     close(fd);
-    return;
   }
+}
+
+bool Listener::serve(Conn& c) noexcept {
+  std::uint8_t buf[kHandshakeSize];
+  std::size_t got = 0;
+  switch (socketIo(c.fd, IoDirection::kRecv, buf, sizeof(buf), &got)) {
+    case IoResult::kDone:
+      break;
+    case IoResult::kClosed:
+      return false;  // the peer's endpoints, process or iface are gone
+    case IoResult::kAgain:
+      ucs_diag("gmd_rc %s: a peer sent %zu bytes of a frame and stopped", name_.c_str(), got);
+      return false;
+    case IoResult::kError:
+      return false;  // reset: as closed
+  }
+  Handshake frame;
+  if (const ucs_status_t st = unpackHandshake(buf, &frame); st != UCS_OK) {
+    ucs_error("gmd_rc %s: closing a connection that sent a malformed frame", name_.c_str());
+    return false;
+  }
+  if (frame.kind == FrameKind::kConnect) return connectFrame(c, frame);
+  // A release: the endpoint is gone, its passive QP goes to the iface to drain and destroy.
+  for (std::size_t i = 0; i < c.qps.size(); ++i) {
+    if (c.qps[i].requester_qpn == frame.qpn) {
+      handoff_->closed(c.qps[i].qp);
+      c.qps[i] = c.qps.back();
+      c.qps.pop_back();
+      return true;
+    }
+  }
+  ucs_debug("gmd_rc %s: release of QP 0x%x, which has no passive QP here", name_.c_str(),
+            frame.qpn);
+  return true;
+}
+
+bool Listener::connectFrame(Conn& c, const Handshake& request) noexcept {
   Handshake reply = localHandshake(port_, nullptr, 0);
   reply.status = 1;
   std::string why;
   ibv_qp* qp = nullptr;
-  if (const ucs_status_t st = unpackHandshake(buf, &request); st != UCS_OK) {
-    why = "malformed handshake";
+  try {
+    c.qps.reserve(c.qps.size() + 1);
+  } catch (...) {
+    why = "out of memory";
+  }
+  if (!why.empty()) {
+    // why says it
   } else if (request.ethernet != port_.ethernet) {
     why = "link layers differ (RoCE vs InfiniBand)";
   } else if ((qp = createQp(pd_, queues_, settings_, RecvPath::kPeerSendQueue, 0)) == nullptr) {
@@ -145,26 +180,17 @@ void Listener::accept() noexcept {
     if (qp != nullptr) ibv_destroy_qp(qp);
     qp = nullptr;
   }
+  std::uint8_t buf[kHandshakeSize];
   packHandshake(reply, buf);
   std::size_t sent = 0;
-  if (socketIo(fd, IoDirection::kSend, buf, sizeof(buf), &sent) != IoResult::kDone ||
-      reply.status != 0) {
-    if (qp != nullptr) handoff_->closed(qp);
-    close(fd);
-    return;
-  }
-  try {
-    conns_.push_back({fd, qp});
-  } catch (...) {
-    handoff_->closed(qp);
-    close(fd);
-  }
+  if (qp != nullptr) c.qps.push_back({request.qpn, qp});  // room reserved above
+  return socketIo(c.fd, IoDirection::kSend, buf, sizeof(buf), &sent) == IoResult::kDone;
 }
 
 void Listener::closeConn(std::size_t i) noexcept {
-  Conn c = conns_[i];
+  Conn c = std::move(conns_[i]);
   conns_.erase(conns_.begin() + static_cast<std::ptrdiff_t>(i));
-  handoff_->closed(c.qp);  // the iface drains and destroys it
+  for (const Passive& p : c.qps) handoff_->closed(p.qp);  // the iface drains and destroys them
   close(c.fd);
 }
 

@@ -1,10 +1,12 @@
 // The accepting side of gmd_rc connections: one TCP listener and one thread per iface.
 //
-// For each incoming handshake the thread creates a passive RC QP on the iface's protection domain
-// (receiving into the iface's shared receive queue), connects it to the requester's QP (RTR, RTS),
-// hands it to the iface (md/rc/rc_recv.h, Handoff) and answers with its QP number. It keeps the TCP
-// connection and tells the iface when the peer closes it (endpoint destroyed, process gone); the
-// iface owns and destroys the QP.
+// Each TCP connection comes from one peer iface and carries the handshakes of all its endpoints to
+// this iface (md/rc/rc_connect.h, Link). For each connect frame the thread creates a passive RC QP
+// on the iface's protection domain (receiving into the iface's shared receive queue), connects it
+// to the requester's QP (RTR, RTS), hands it to the iface (md/rc/rc_recv.h, Handoff) and answers
+// with its QP number. A release frame, or the peer closing the connection (its endpoints all gone,
+// its process or iface gone), hands the passive QPs back to the iface, which owns and destroys
+// them.
 //
 // Thread safety: start() and the destructor from the iface's thread; everything else runs on the
 // listener thread. Verbs calls are thread-safe; Handoff is the only state shared with the iface.
@@ -36,12 +38,20 @@ class Listener {
   ucs_status_t start(std::uint16_t* port_be) noexcept;
 
  private:
+  struct Passive {
+    std::uint32_t requester_qpn;  // the endpoint's QP, which names it in a release frame
+    ibv_qp* qp;
+  };
   struct Conn {
     int fd;
-    ibv_qp* qp;
+    std::vector<Passive> qps;
   };
   void run() noexcept;
   void accept() noexcept;
+  // Reads and serves one frame of conns_[i]; false when the connection is to be closed.
+  bool serve(Conn& c) noexcept;
+  // A connect frame: the passive QP and the answer.
+  bool connectFrame(Conn& c, const Handshake& request) noexcept;
   void closeConn(std::size_t i) noexcept;
 
   std::string name_;

@@ -22,16 +22,17 @@ ucs_status_t PeerWatch::init(const char* name) noexcept {
   return UCS_OK;
 }
 
-void PeerWatch::add(int fd, void* owner) noexcept {
+bool PeerWatch::add(int fd, void* owner) noexcept {
   epoll_event ev{};
   ev.events = EPOLLRDHUP;  // EPOLLHUP and EPOLLERR are always reported
   ev.data.ptr = owner;
   if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
     // Not fatal: the endpoint still fails through its QP's retries.
     ucs_diag("gmd_rc: cannot watch a side channel: %s", std::strerror(errno));
-    return;
+    return false;
   }
   ++watched_;
+  return true;
 }
 
 void PeerWatch::remove(int fd) noexcept {

@@ -1,5 +1,6 @@
-// Peer liveness from the side channel: every connected gmd_rc endpoint keeps the TCP connection of
-// its handshake open (md/rc/rc_connect.h), and the peer never writes on it again. When the peer's
+// Peer liveness from the side channel: every gmd_rc iface keeps a TCP connection open to each peer
+// iface it has endpoints to (md/rc/rc_connect.h, Link), on which the peer writes nothing but
+// handshake replies. When the peer's
 // process dies or its iface closes, its kernel closes the connection: a FIN (or RST) arrives at once,
 // long before RC retransmissions would give up. PeerWatch is an epoll set of those sockets that the
 // iface checks from progress, at most once per kCheckInterval (one epoll_wait(0) system call), so
@@ -30,8 +31,9 @@ class PeerWatch {
   // Creates the epoll set; logs (error level) and returns UCS_ERR_IO_ERROR on failure.
   ucs_status_t init(const char* name) noexcept;
   // Watches connected socket `fd` for the peer closing it; `owner` comes back from check(). Closing
-  // `fd` stops the watch (epoll forgets a closed socket).
-  void add(int fd, void* owner) noexcept;
+  // `fd` stops the watch (epoll forgets a closed socket). false: not watched (logged at diag
+  // level).
+  bool add(int fd, void* owner) noexcept;
   // Stops watching `fd` (before it is closed, or once its closing was reported).
   void remove(int fd) noexcept;
   // Whether a check is due (the interval passed since the last one); cheap.

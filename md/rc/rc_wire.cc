@@ -79,6 +79,7 @@ void packHandshake(const Handshake& h, void* buffer) noexcept {
   put32(p + 8, h.qpn);
   put32(p + 12, h.psn & 0xffffffu);
   put16(p + 16, h.lid);
+  p[18] = static_cast<std::uint8_t>(h.kind);
   std::memcpy(p + 20, h.gid.raw, sizeof(h.gid.raw));
 }
 
@@ -87,9 +88,10 @@ ucs_status_t unpackHandshake(const void* buffer, Handshake* h) noexcept {
   if (std::memcmp(p, kMagic, 4) != 0) return UCS_ERR_INVALID_PARAM;
   if (p[4] != kWireVersion) return UCS_ERR_UNSUPPORTED;
   if (p[6] < IBV_MTU_256 || p[6] > IBV_MTU_4096 || (p[7] & ~kFlagEthernet) != 0 ||
-      (get32(p + 12) & ~0xffffffu) != 0) {
+      (get32(p + 12) & ~0xffffffu) != 0 || p[18] > static_cast<std::uint8_t>(FrameKind::kRelease)) {
     return UCS_ERR_INVALID_PARAM;
   }
+  h->kind = static_cast<FrameKind>(p[18]);
   h->status = p[5];
   h->mtu = static_cast<ibv_mtu>(p[6]);
   h->ethernet = (p[7] & kFlagEthernet) != 0;

@@ -1,6 +1,7 @@
-// What gmd_rc puts on the wire outside RDMA: the device and iface addresses UCX carries between peers,
-// and the connection handshake exchanged over the iface's TCP socket. Fixed little-endian layouts with
-// a version byte, packed and checked here; no state, no I/O (unit-tested in gtest/transport/).
+// What gmd_rc puts on the wire outside RDMA: the device and iface addresses UCX carries between
+// peers, and the connection handshake exchanged over the iface's TCP socket. Fixed little-endian
+// layouts with a version byte, packed and checked here; no state, no I/O (unit-tested in
+// gtest/transport/).
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -40,8 +41,11 @@ inline constexpr std::size_t kIfaceAddressSize = 8;
 void packIfaceAddress(const IfaceAddress& a, void* buffer) noexcept;
 ucs_status_t unpackIfaceAddress(const void* buffer, IfaceAddress* a) noexcept;
 
-// One side of the handshake (40 bytes). The connecting side sends its QP, the accepting side answers
-// with its own after its QP reached RTS (status 0), or with a nonzero status and no QP.
+// A frame on the connection from an iface to a peer iface's listener (40 bytes), which all the
+// endpoints between the two share (md/rc/rc_connect.h). kConnect: the connecting side sends its QP,
+// the accepting side answers with its own after its QP reached RTS (status 0), or with a nonzero
+// status and no QP; the answers come in the order of the requests. kRelease (no answer): the
+// endpoint whose QP is `qpn` is gone, the accepting side destroys the passive QP it made for it.
 //   bytes 0-3   magic "GMRC"
 //   byte 4      version
 //   byte 5      status (0 = ok)
@@ -50,10 +54,13 @@ ucs_status_t unpackIfaceAddress(const void* buffer, IfaceAddress* a) noexcept;
 //   bytes 8-11  QP number
 //   bytes 12-15 initial packet sequence number (24 bits)
 //   bytes 16-17 LID
-//   bytes 18-19 reserved, zero
+//   byte 18     kind: 0 connect, 1 release
+//   byte 19     reserved, zero
 //   bytes 20-35 GID
 //   bytes 36-39 reserved, zero
+enum class FrameKind : std::uint8_t { kConnect = 0, kRelease = 1 };
 struct Handshake {
+  FrameKind kind = FrameKind::kConnect;
   std::uint8_t status = 0;
   ibv_mtu mtu = IBV_MTU_1024;
   bool ethernet = false;
@@ -64,8 +71,8 @@ struct Handshake {
 };
 inline constexpr std::size_t kHandshakeSize = 40;
 void packHandshake(const Handshake& h, void* buffer) noexcept;
-// UCS_ERR_INVALID_PARAM for a buffer that is not a gmd_rc handshake, UCS_ERR_UNSUPPORTED for another
-// version.
+// UCS_ERR_INVALID_PARAM for a buffer that is not a gmd_rc handshake, UCS_ERR_UNSUPPORTED for
+// another version.
 ucs_status_t unpackHandshake(const void* buffer, Handshake* h) noexcept;
 
 // Immediate data of the SEND_WITH_IMM messages gmd_rc's QPs exchange (32 bits, carried in network
