@@ -403,6 +403,30 @@ TEST_P(GmdRcFault, EpCheckPassesOnALivePeerAndFailsOnADeadOne) {
   EXPECT_EQ(1u, failed_.size()) << "error handler calls";
 }
 
+// Work requests without a completion are unsignaled: those the peer acknowledged before dying
+// leave no completion behind. The flush that UCP's error handling issues (UCT_FLUSH_FLAG_CANCEL, to
+// discard the endpoint) must still complete: before the fix it waited for ever, and with it every
+// UCP request on the endpoint.
+TEST_P(GmdRcFault, CancelFlushCompletesAfterSilentlyCompletedWork) {
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(UCS_OK, uct_ep_am_short(ep_, 1, 0, nullptr, 0)) << "active message " << i;
+  }
+  // Let the peer acknowledge them (nothing reports it: they are unsignaled).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (std::chrono::steady_clock::now() < until) uct_worker_progress(worker_);
+  peer_.kill9();
+  ASSERT_TRUE(progressUntil([&] { return !failed_.empty(); })) << "the dead peer was not noticed";
+  Comp flush;
+  const ucs_status_t st = uct_ep_flush(ep_, UCT_FLUSH_FLAG_CANCEL, &flush.c);
+  if (st == UCS_INPROGRESS) {
+    ASSERT_TRUE(progressUntil([&] { return flush.calls > 0; }, 60)) << "the cancelling flush hung";
+    EXPECT_EQ(1, flush.calls);
+  } else {
+    EXPECT_EQ(UCS_OK, st) << ucs_status_string(st);
+  }
+  EXPECT_EQ(1u, failed_.size()) << "error handler calls";
+}
+
 // The peer's host vanishes as the network sees it: QPs gone, side channels silent. Only RC's
 // retries can tell; they are finite on every provider now (RETRY_COUNT at most 6: soft-RoCE
 // retries forever at 7, which the old default was).

@@ -216,7 +216,7 @@ ucs_status_t Ep::flush(unsigned flags, uct_completion_t* comp) noexcept {
   if (flags & UCT_FLUSH_FLAG_CANCEL) {
     pending_.clear();
     if (inflight_ > 0 && qp_ != nullptr) {
-      if (state_ == State::kReady && unsignaledTail()) postNop(true);
+      if (unsignaledTail()) postNop(true);  // retires silently completed ones (Iface::failPeerGone)
       ibv_qp_attr a{};
       a.qp_state = IBV_QPS_ERR;
       ibv_modify_qp(qp_, &a, IBV_QP_STATE);

@@ -745,6 +745,10 @@ void Iface::failPeerGone(Ep* ep) noexcept {
           "gmd_rc %s: endpoint %p: the peer closed the connection (its process or iface is gone)",
           name(), static_cast<void*>(ep));
   if (ep->inflight_ > 0 && ep->qp_ != nullptr) {
+    // Unsignaled work requests that completed before the peer died left no completion, and the
+    // error state flushes only those still queued: a signaled one behind them retires them all
+    // (else flushes, and UCP's discard of the endpoint, would wait for ever).
+    if (ep->unsignaledTail()) ep->postNop(true);
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_ERR;
     if (ibv_modify_qp(ep->qp_, &a, IBV_QP_STATE) != 0) {
