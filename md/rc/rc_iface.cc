@@ -428,7 +428,9 @@ void Iface::release(Ep* ep) noexcept {
 unsigned Iface::progress() noexcept {
   in_progress_ = true;
   unsigned n = recv_.progress();
-  n += pollCq();
+  // As UCX's rc_verbs: the send CQ only when nothing was received, unless send credits run low or
+  // an endpoint waits for them (a receive-heavy peer must not starve its own sends).
+  if (n == 0 || starved_ || tx_free_ < static_cast<long>(limits_.cq_len / 2)) n += pollCq();
   if (!connecting_.empty() || link_output_) n += progressConnections();
   if (peer_watch_.due()) {
     n += peer_watch_.check([this](void* link) {

@@ -167,7 +167,8 @@ unsigned RecvPath::progress() noexcept {
   if (k < 0) ucs_error("gmd_rc %s: ibv_poll_cq (receive) failed", name_);
   for (int i = 0; i < k; ++i) handle(wc[i]);
   if (k > 0) n += static_cast<unsigned>(k);
-  refill();
+  // Refill in batches (refill() decides); nothing to do while a batch's worth is still posted.
+  if (posted_ + batch_ <= queue_len_ && pool_.available() > 0) refill();
   if (!grant_waiters_.empty()) sendWaitingGrants();
   if (!draining_.empty()) pollDraining();
   return n;
