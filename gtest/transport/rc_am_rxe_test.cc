@@ -291,6 +291,35 @@ TEST_P(GmdRcAmSmallQueue, CreditsBoundTheSenderAndNothingIsLost) {
   }
 }
 
+// Endpoints connected and destroyed again and again with messages in flight: the receiver moves
+// each passive QP to the error state and destroys it after IBV_EVENT_QP_LAST_WQE_REACHED, and no
+// receive buffer goes missing on the way. 60 cycles of up to 20 messages of 2 KiB each; a loss of
+// more than one buffer per cycle would exhaust the 80 receive buffers (a queue of 64) and stall the
+// 1000 messages sent afterwards.
+TEST_P(GmdRcAmSmallQueue, ConnectDisconnectCyclesLoseNoReceiveBuffer) {
+  for (int c = 0; c < 60; ++c) {
+    uct_ep_h ep = connect(init_, target_);
+    ASSERT_NE(nullptr, ep) << "cycle " << c;
+    const int n = 1 + c % 20;
+    for (int i = 0; i < n; ++i) ASSERT_EQ(2048, bcopy(ep, c, 2048)) << "cycle " << c;
+    uct_ep_destroy(ep);  // messages still in flight
+    for (int i = 0; i < c % 7; ++i) uct_worker_progress(worker_);
+  }
+  Received after;
+  setHandler(target_, &after, kAmId + 2);
+  constexpr int kMessages = 1000;
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_EQ(100, bcopy(ep_, 1000 + i, 100, kAmId + 2)) << "message " << i;
+  }
+  ASSERT_TRUE(receivedAtLeast(after, kMessages)) << after.messages.size() << " arrived";
+  EXPECT_EQ(static_cast<std::size_t>(kMessages), after.messages.size());
+  for (std::size_t i = 0; i < after.messages.size(); ++i) {
+    ASSERT_EQ(100u, checkPattern(after.messages[i].data(), 100, 1000 + i)) << "message " << i;
+  }
+  // Whatever of the cycles' messages arrived is intact.
+  for (const auto& m : rx_.messages) ASSERT_EQ(2048u, m.size());
+}
+
 // Descriptors kept by the handler (UCS_INPROGRESS) stay intact while more messages than the
 // receive queue holds pass, and go back to the pool on uct_iface_release_desc: two rounds of 50 kept
 // descriptors fit only if the first round came back (80 buffers for a queue of 64).
