@@ -49,7 +49,9 @@ ucs_config_field_t kIfaceConfigTable[] = {
      "How long an endpoint may take to connect (TCP handshake with the peer's iface) before it\n"
      "fails with UCS_ERR_UNREACHABLE.",
      offsetof(IfaceConfig, connect_timeout), UCS_CONFIG_TYPE_TIME},
-    {"LATENCY", "700ns", "One-way latency reported to UCX for lane selection.",
+    {"LATENCY", "0",
+     "Added to the one-way latency reported to UCX for lane selection, which is the port's as\n"
+     "UCX's own IB transports compute it (from its speed and link layer).",
      offsetof(IfaceConfig, latency), UCS_CONFIG_TYPE_TIME},
     {"OVERHEAD", "75ns", "Per-operation software overhead reported to UCX.",
      offsetof(IfaceConfig, overhead), UCS_CONFIG_TYPE_TIME},

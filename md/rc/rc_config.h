@@ -29,7 +29,7 @@ struct IfaceConfig {
   double timeout;             // TIMEOUT: transport retransmission timeout, seconds
   unsigned retry_count;       // RETRY_COUNT
   double connect_timeout;     // CONNECT_TIMEOUT, seconds
-  double latency;             // LATENCY reported to UCX, seconds
+  double latency;             // LATENCY added to the port's latency reported to UCX, seconds
   double overhead;            // OVERHEAD reported to UCX, seconds
   unsigned rx_queue_len;      // RX_QUEUE_LEN: receive buffers posted to the shared receive queue
   std::size_t seg_size;       // SEG_SIZE: bytes of one receive buffer (largest active message)

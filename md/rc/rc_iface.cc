@@ -49,6 +49,67 @@ ucs_status_t stubAmHandler(void* arg, void*, size_t length, unsigned) noexcept {
   return UCS_OK;
 }
 
+// UCP weighs transports by the latency, bandwidth and overhead they report and, before it selects
+// lanes, closes every iface that another one on the same device dominates (all its capabilities,
+// overhead <=, bandwidth >=, latency <= with ties broken by priority). gmd_rc therefore reports
+// the port's figures exactly as UCX's own IB transports derive them from the port attributes
+// (signalling rate, width, encoding, per-packet headers; RoCE adds 200 ns and its own headers),
+// plus 1 ns per endpoint (one QP each, as UCX's rc_verbs) and rc_verbs' 75 ns software overhead
+// (UCX_GMD_RC_OVERHEAD), with a priority above any device's, so that on equal figures UCP keeps
+// gmd_rc and closes rc_verbs.
+struct PortModel {
+  double latency;    // seconds, one way, before UCX_GMD_RC_LATENCY
+  double bandwidth;  // bytes per second
+};
+
+PortModel portModel(const ibv_port_attr& a, bool ethernet, std::size_t seg_size) noexcept {
+  // Header bytes per packet (InfiniBand Architecture Specification): base transport header,
+  // RDMA extended header (the largest transport header gmd_rc sends), invariant and variant CRC,
+  // delimiters; local route header on InfiniBand, global route and Ethernet headers on RoCE.
+  constexpr std::size_t kBth = 12, kReth = 16, kIcrc = 4, kVcrc = 2, kDelim = 2, kLrh = 8,
+                        kGrh = 40, kEth = 14;
+  int width = 1;  // active_width codes 1, 2, 4, 8, 16 are 1x, 4x, 8x, 12x, 2x
+  switch (a.active_width) {
+    case 1: width = 1; break;
+    case 2: width = 4; break;
+    case 4: width = 8; break;
+    case 8: width = 12; break;
+    case 16: width = 2; break;
+    default: break;  // unknown: 1x, as UCX assumes
+  }
+  double latency = 5000e-9, signal_rate = 2.5e9, encoding = 8.0 / 10.0;  // SDR and unknown
+  switch (a.active_speed) {
+    case 2: latency = 2500e-9; signal_rate = 5.0e9; break;  // DDR
+    case 4:                                                  // QDR, or 10/40 GbE on RoCE
+      latency = 1300e-9;
+      signal_rate = ethernet ? 10.3125e9 : 10.0e9;
+      encoding = ethernet ? 64.0 / 66.0 : 8.0 / 10.0;
+      break;
+    case 8: latency = 700e-9; signal_rate = 10.3125e9; encoding = 64.0 / 66.0; break;  // FDR10
+    case 16: latency = 700e-9; signal_rate = 14.0625e9; encoding = 64.0 / 66.0; break;  // FDR
+    case 32: latency = 600e-9; signal_rate = 25.78125e9; encoding = 64.0 / 66.0; break;  // EDR
+    case 64: latency = 600e-9; signal_rate = 25.78125e9 * 2; encoding = 64.0 / 66.0; break;
+    case 128: latency = 600e-9; signal_rate = 100e9; encoding = 64.0 / 66.0; break;  // NDR
+    default: break;
+  }
+  // Same operations in the same order as UCX, so that equal ports give bit-equal figures.
+  const double wire_speed = (width * signal_rate * encoding) / 8.0;
+  const std::size_t mtu = std::min(mtuBytes(a.active_mtu), seg_size);
+  std::size_t extra = kBth + kReth + kIcrc + kVcrc + kDelim;
+  if (ethernet) {
+    extra += kGrh + kEth;
+    latency += 200e-9;
+  } else {
+    extra += kLrh;
+  }
+  return {latency, (wire_speed * static_cast<double>(mtu)) / static_cast<double>(mtu + extra)};
+}
+
+// Above the priority UCX gives any device (its table tops out well below this).
+constexpr std::uint8_t kPriority = 255;
+// Latency added per endpoint, as UCX's rc_verbs reports (one QP each).
+constexpr double kLatencyPerEp = 1e-9;
+
 template <typename T>
 void eraseValue(std::vector<T>& v, const T& x) {
   v.erase(std::remove(v.begin(), v.end(), x), v.end());
@@ -258,14 +319,13 @@ ucs_status_t Iface::query(uct_iface_attr_t* attr) noexcept {
   attr->iface_addr_len = kIfaceAddressSize;
   attr->ep_addr_len = 0;
   attr->max_conn_priv = 0;
-  attr->latency.c = latency_;
-  attr->latency.m = 0;
+  const PortModel model = portModel(port_.attr, port_.ethernet, limits_.seg_size);
+  attr->latency.c = model.latency + latency_;
+  attr->latency.m = kLatencyPerEp;
   attr->overhead = overhead_;
-  double bw = portBandwidth(port_.attr.active_width, port_.attr.active_speed);
-  if (bw == 0) bw = 1e9;  // a port that does not say: assume 10 Gb/s-class
   attr->bandwidth.dedicated = 0;
-  attr->bandwidth.shared = bw;
-  attr->priority = 0;
+  attr->bandwidth.shared = model.bandwidth;
+  attr->priority = kPriority;
   attr->dev_num_paths = 1;
   attr->max_num_eps = handle_.base.config.max_num_eps;
   // --- Small RMA and atomics (md/rc/rc_rma.cc, md/rc/rc_atomic.cc) ---
