@@ -19,6 +19,7 @@ snd=$(netdev "$sdev") cnd=$(netdev "$cdev")
 sip=$(ip -4 -o addr show dev "${snd:-none}" 2>/dev/null | awk '{ sub("/.*", "", $4); print $4; exit }')
 sip=${sip:-127.0.0.1}
 port=16000
+. "$(dirname "$0")/../gtest/transport/perftest_server.sh"
 log=$(mktemp -d)
 export LD_PRELOAD=$plugin
 
@@ -28,7 +29,7 @@ pair() {
   shift 4
   env $senv timeout 120 ucx_perftest -p $port "$@" >"$log/srv" 2>&1 &
   local sp=$!
-  sleep 2
+  wait_for_server $sp $port
   local out
   out=$(env $cenv timeout 120 ucx_perftest "$sip" -p $port "$@" 2>&1)
   local rc=$?
@@ -47,8 +48,8 @@ if [[ $parts == am ]]; then
   echo "# UCT active messages, $cdev:1 -> $sdev:1, $reps runs each (gmd_rc and rc_verbs alternate)"
   for r in $(seq "$reps"); do
     for tl in gmd_rc rc_verbs; do
-      pair "run $r uct $tl am_lat short 8" "" "" -- -x $tl -d $sdev:1 -t am_lat -D short -s 8 -n 5000 -w 200
-      pair "run $r uct $tl am_lat bcopy 8" "" "" -- -x $tl -d $sdev:1 -t am_lat -D bcopy -s 8 -n 5000 -w 200
+      pair "run $r uct $tl am_lat short 8" "" "" -- -x $tl -d $sdev:1 -t am_lat -D short -s 8 -n 20000 -w 500
+      pair "run $r uct $tl am_lat bcopy 8" "" "" -- -x $tl -d $sdev:1 -t am_lat -D bcopy -s 8 -n 20000 -w 500
       pair "run $r uct $tl am_bw bcopy 4096" "" "" -- -x $tl -d $sdev:1 -t am_bw -D bcopy -s 4096 -n 20000 -w 500
       pair "run $r uct $tl am_bw zcopy 4096" "" "" -- -x $tl -d $sdev:1 -t am_bw -D zcopy -s 4096 -n 20000 -w 500
     done
