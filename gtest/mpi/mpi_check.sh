@@ -1,9 +1,10 @@
 #!/bin/bash
-# Open MPI over UCX (pml ucx) with gmd loaded and UCX_TLS=gmd_rc,tcp,self (or $UCX_TLS): the two-rank
-# remap exchange test. Rank 0 uses the first RDMA device, rank 1 the last (rxe0 and rxe1 in the
-# soft-RoCE VM). Passes when the program verified every byte and gmd's counters show
-# registration-cache hits (unless GMD_MPI_NEED_HITS=0: with sm in UCX_TLS both ranks of one host may
-# move everything through shared memory).
+# Open MPI over UCX (pml ucx) with gmd loaded and UCX_TLS=gmd_rc,tcp,self (or $UCX_TLS; left unset
+# with GMD_MPI_TLS=default: UCX's own selection): the two-rank remap exchange test. Rank 0 uses the
+# first RDMA device, rank 1 the last (rxe0 and rxe1 in the soft-RoCE VM). Passes when the program
+# verified every byte and gmd's counters show registration-cache hits (unless GMD_MPI_NEED_HITS=0:
+# with sm in UCX_TLS, or UCX_TLS unset, both ranks of one host may move everything through shared
+# memory).
 # Usage: mpi_check.sh PATH/TO/libuct_gmd.so PATH/TO/gmd_mpi_remap_exchange [PROGRAM ARGS...]
 set -u
 if [[ ${1:-} == --rank ]]; then
@@ -22,10 +23,17 @@ shift 2
 ulimit -l unlimited 2>/dev/null
 [[ -n $(ls /sys/class/infiniband 2>/dev/null) ]] || { echo "FAIL: no RDMA devices"; exit 1; }
 command -v mpirun >/dev/null || { echo "FAIL: no mpirun (Debian package openmpi-bin)"; exit 1; }
-export LD_PRELOAD=$plugin UCX_TLS=${UCX_TLS:-gmd_rc,tcp,self} UCX_GMD_PRINT_STATS=y
+export LD_PRELOAD=$plugin UCX_GMD_PRINT_STATS=y
+tls_env=(-x UCX_TLS)
+if [[ ${GMD_MPI_TLS:-} == default ]]; then
+  unset UCX_TLS  # UCX's own selection (it must close rc_verbs for gmd_rc, never pick UD)
+  tls_env=()
+else
+  export UCX_TLS=${UCX_TLS:-gmd_rc,tcp,self}
+fi
 out=$(timeout 600 mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ucx \
         --mca pml_ucx_tls any --mca pml_ucx_devices any --mca btl self \
-        -x LD_PRELOAD -x UCX_TLS -x UCX_GMD_PRINT_STATS \
+        -x LD_PRELOAD "${tls_env[@]}" -x UCX_GMD_PRINT_STATS \
         "$0" --rank "$prog" "$@" 2>&1)
 rc=$?
 echo "$out"
@@ -45,5 +53,5 @@ if [[ ${GMD_MPI_NEED_HITS:-1} != 0 ]]; then
       { echo "FAIL: gmd's counters show no registration hits (gmd did not carry the traffic)"; fail=1; }
   fi
 fi
-[ $fail -eq 0 ] && echo "PASS: MPI over UCX_TLS=$UCX_TLS verified every byte, before and after re-mapping"
+[ $fail -eq 0 ] && echo "PASS: MPI over UCX_TLS=${UCX_TLS-(unset)} verified every byte, before and after re-mapping"
 exit $fail
