@@ -21,7 +21,8 @@
 // kept for the next progress and answered with UCS_ERR_BUSY, so no wake-up is lost.
 //
 // Files: rc_config.* (UCX_GMD_RC_* and derived limits), rc_iface.* (this: the iface, its send CQ,
-// progress, events, UCX-facing attributes), rc_ep.* (endpoint operations; rc_am.cc its active
+// progress, events, UCX-facing attributes; rc_iface_links.cc its connections' progress, the links
+// to peer ifaces and peer failure), rc_ep.* (endpoint operations; rc_am.cc its active
 // messages, rc_rma.cc put_short and put/get bcopy, rc_atomic.cc 64-bit atomics), rc_connect.* and
 // rc_listener.* (connection set-up, both sides), rc_recv.* (receive path), rc_pool.* (registered
 // buffers), rc_qp.* / rc_gid.h (verbs plumbing), rc_wire.* (formats), rc_transport.cc (the UCX ops
@@ -34,6 +35,7 @@
 #include <infiniband/verbs.h>
 #include <uct/api/uct.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -56,6 +58,12 @@ class Md;
 namespace gmd::md::rc {
 
 class Listener;
+
+// Removes every x from v (the iface's endpoint lists are short and unordered).
+template <typename T>
+void eraseValue(std::vector<T>& v, const T& x) {
+  v.erase(std::remove(v.begin(), v.end(), x), v.end());
+}
 
 struct IfaceHandle {
   ucx::BaseIface base;  // first: libuct reads it
