@@ -64,8 +64,9 @@ CacheImpl::~CacheImpl() {
   std::size_t held = 0;
   for (std::size_t i = 0; i < top->size; ++i) {
     IndexT::LeafT* leaf = top->leaf(i);
-    for (std::size_t k = 0; k < leaf->size; ++k) {
-      RegionImpl* r = leaf->entries()[k].region;
+    const std::size_t n = leaf->count();
+    for (std::size_t k = 0; k < n; ++k) {
+      RegionImpl* r = leaf->entry(k).region;
       const std::uint64_t s = r->state_.load(std::memory_order_acquire);
       if ((s & kInvalid) != 0) continue;  // owned by a holder (a contract breach) or a zombie
       if ((s & kHolderMask) != 0) ++held;
@@ -197,12 +198,14 @@ __attribute__((noinline)) RegionImpl* CacheImpl::fastHit(std::uintptr_t start, s
     return nullptr;
   }
   readerEnter(slot->epoch, reclaim_.slots.epoch());
-  const Entry* e = index_.top()->floor(start);
+  // A copy of the floor entry, from a consistent read of its leaf (a writer kept editing it:
+  // false, and the slow path looks under the lock). The region it names is live for our epoch.
+  Entry e;
   bool hit = false;
   std::uint64_t prev = 0;
   RegionImpl* r = nullptr;
-  if (e != nullptr && e->end >= end) {
-    r = e->region;
+  if (index_.top()->floor(start, &e) && e.region != nullptr && e.end >= end) {
+    r = e.region;
     hit = (resolver == nullptr ? (r->access() & access) == access : r->serves(access, *resolver)) &&
           r->tryAcquire(&prev);
   }

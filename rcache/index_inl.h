@@ -9,22 +9,25 @@ template <typename Node>
 template <typename F>
 void Index<Node>::forEachOverlap(std::uintptr_t start, std::uintptr_t end, F f) const noexcept {
   const TopT* top = current();
-  std::size_t i = top->leafFor(start);
+  std::size_t i = top->leafForW(start);
   const LeafT* leaf = top->leaf(i);
   std::size_t k = leaf->upper(start);
   if (k != 0) {
     --k;  // the floor entry; it overlaps if it reaches past start
-    if (leaf->entries()[k].end <= start) ++k;
+    if (leaf->entry(k).end <= start) ++k;
   } else if (i != 0) {
     const LeafT* prev = top->leaf(i - 1);
-    if (prev->size != 0 && prev->entries()[prev->size - 1].end > start) {
-      f(prev->entries()[prev->size - 1]);
+    const std::size_t n = prev->count();
+    if (n != 0) {
+      const Entry last = prev->entry(n - 1);
+      if (last.end > start) f(last);
     }
   }
   for (; i < top->size; ++i, k = 0) {
     leaf = top->leaf(i);
-    for (; k < leaf->size; ++k) {
-      const Entry& e = leaf->entries()[k];
+    const std::size_t n = leaf->count();
+    for (; k < n; ++k) {
+      const Entry e = leaf->entry(k);
       if (e.start >= end) return;
       f(e);
     }
@@ -72,63 +75,89 @@ bool Index<Node>::replaceLeaves(std::size_t first, std::size_t count, LeafT* con
 
 // Rewrites leaf i with `add` (may be null; it must overlap no entry) and without the entries of
 // `drop` (a list linked by next_unindex_, sorted by start, of regions whose entries are in this
-// leaf), splitting a leaf that grows past kLeafMax and merging one that shrinks below kLeafMin
-// into a neighbour. Only the regions of `add` and `drop` are looked at, never the others (in a big
-// cache they are cold). Sets in_index_ of `add`, clears it for `drop`. On failure (no memory)
-// changes nothing.
+// leaf). In place under the leaf's sequence lock when the result fits its block and neither
+// empties it nor makes it merge; otherwise into a new leaf (a bigger block), splitting a leaf that
+// grows past kLeafMax and merging one that shrinks below kLeafMin into a neighbour. Only the
+// regions of `add` and `drop` are looked at, never the others (in a big cache they are cold). Sets
+// in_index_ of `add`, clears it for `drop`. On failure (no memory) changes nothing.
 template <typename Node>
 bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
   TopT* top = current();
   LeafT* old = top->leaf(i);
+  const std::size_t size = old->count();
+  // Whether entry e is the next one of the drop list d (advanced past the entries it skips).
+  auto dropped = [](const Entry& e, const Node*& d) {
+    while (d != nullptr && d->start() < e.start) d = d->next_unindex_;
+    if (d != e.region) return false;
+    d = d->next_unindex_;
+    return true;
+  };
+
+  if (!isEmptyLeaf(old)) {
+    // Entries below the first one dropped stay where they are: start from there (a binary search;
+    // the list is sorted).
+    const std::size_t first = drop != nullptr ? old->lower(drop->start()) : size;
+    std::size_t n = size + (add != nullptr ? 1 : 0);
+    const Node* d = drop;
+    for (std::size_t k = first; k < size && d != nullptr; ++k) {
+      n -= dropped(old->entry(k), d) ? 1 : 0;
+    }
+    if (n <= old->capacity() && (n >= kLeafMin || (n != 0 && top->size == 1))) {
+      // In place: compact the kept entries, then shift the tail up for `add`.
+      old->beginEdit();
+      std::size_t j = first;
+      d = drop;
+      for (std::size_t k = first; k < size; ++k) {
+        const Entry e = old->entry(k);
+        if (d != nullptr && dropped(e, d)) {
+          e.region->in_index_ = false;
+          continue;
+        }
+        if (j != k) old->set(j, e);
+        ++j;
+      }
+      if (add != nullptr) {
+        const std::size_t p = old->upper(add->start(), j);
+        for (std::size_t k = j; k > p; --k) old->set(k, old->entry(k - 1));
+        old->set(p, Entry{add->start(), add->end(), add});
+        ++j;
+        add->in_index_ = true;
+      }
+      old->setCount(j);
+      old->endEdit();
+      return true;
+    }
+  }
+
   // The entries of l but those of d (sorted), and `a` (may be null) in its place, into out;
   // returns their number.
-  auto gather = [](const LeafT* l, Node* a, const Node* d, Entry* out) {
+  auto gather = [&dropped](const LeafT* l, Node* a, const Node* d, Entry* out) {
     std::size_t j = 0;
-    for (std::size_t k = 0; k < l->size; ++k) {
-      const Entry& e = l->entries()[k];
+    const std::size_t n = l->count();
+    for (std::size_t k = 0; k < n; ++k) {
+      const Entry e = l->entry(k);
       if (a != nullptr && a->start() < e.start) {
         out[j++] = Entry{a->start(), a->end(), a};
         a = nullptr;
       }
-      while (d != nullptr && d->start() < e.start) d = d->next_unindex_;
-      if (d == e.region) {
-        d = d->next_unindex_;
-        continue;
-      }
-      out[j++] = e;
+      if (!dropped(e, d)) out[j++] = e;
     }
     if (a != nullptr) out[j++] = Entry{a->start(), a->end(), a};
     return j;
   };
   auto makeLeaf = [](const Entry* from, std::size_t n) {
     LeafT* l = LeafT::allocate(n);
-    if (l != nullptr) std::copy(from, from + n, l->entries());
+    if (l != nullptr) {
+      for (std::size_t k = 0; k < n; ++k) l->set(k, from[k]);
+    }
     return l;
   };
 
   bool done = false;
-  // The common case: the leaf keeps between kLeafMin and kLeafMax entries. Gather straight into
-  // its replacement (sized for the most it can hold), one copy.
-  const std::size_t bound = old->size + (add != nullptr ? 1 : 0);
-  if (bound <= kLeafMax && !isEmptyTop(top)) {
-    LeafT* next = LeafT::allocate(bound);
-    if (next == nullptr) return false;
-    const std::size_t n = gather(old, add, drop, next->entries());
-    if (n >= kLeafMin || (n != 0 && top->size == 1)) {
-      next->size = n;
-      top->slots()[i].leaf.store(next, std::memory_order_release);
-      if (!isEmptyLeaf(old)) retire(old);
-      done = true;
-    } else {
-      LeafT::release(next);  // it empties or merges: below
-    }
-  }
   Entry buf[2 * kLeafMax + 1];  // this leaf (+ add), then possibly a neighbour
-  const std::size_t n = done ? 0 : gather(old, add, drop, buf);
+  const std::size_t n = gather(old, add, drop, buf);
   const std::uintptr_t key = top->slots()[i].key;
-  if (done) {
-    // replaced above
-  } else if (n == 0 && top->size > 1) {
+  if (n == 0 && top->size > 1) {
     done = replaceLeaves(i, 1, nullptr, nullptr, 0);  // drop the leaf
   } else if (n > kLeafMax) {
     // Split: the lower half keeps the key, the upper half starts at its first entry.
@@ -149,9 +178,9 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
     std::size_t with = top->size;
     if (n < kLeafMin && top->size > 1) {
       // A neighbour's invalid entries come along; they leave with their own purge.
-      if (i + 1 < top->size && n + (m = top->leaf(i + 1)->size) <= kLeafMax) {
+      if (i + 1 < top->size && n + (m = top->leaf(i + 1)->count()) <= kLeafMax) {
         with = i + 1;
-      } else if (i > 0 && n + (m = top->leaf(i - 1)->size) <= kLeafMax) {
+      } else if (i > 0 && n + (m = top->leaf(i - 1)->count()) <= kLeafMax) {
         with = i - 1;
       }
       if (with != top->size) gather(top->leaf(with), nullptr, nullptr, buf + n);
@@ -182,15 +211,11 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
     }
   }
   if (!done) return false;
-  // The old leaf is retired, not freed before the next collection: mark what left it.
+  // The old leaf is retired, not freed before the next collection, nor edited: mark what left it.
   const Node* d = drop;
-  for (std::size_t k = 0; k < old->size && d != nullptr; ++k) {
-    const Entry& e = old->entries()[k];
-    while (d != nullptr && d->start() < e.start) d = d->next_unindex_;
-    if (d == e.region) {
-      e.region->in_index_ = false;
-      d = d->next_unindex_;
-    }
+  for (std::size_t k = 0; k < size && d != nullptr; ++k) {
+    const Entry e = old->entry(k);
+    if (dropped(e, d)) e.region->in_index_ = false;
   }
   if (add != nullptr) add->in_index_ = true;
   return true;
@@ -258,7 +283,7 @@ bool Index<Node>::purge() noexcept {
   while (list != nullptr) {
     // The regions of one leaf: those whose start is at or above its key (in ascending order).
     const TopT* top = current();
-    const std::size_t i = top->leafFor(list->start());
+    const std::size_t i = top->leafForW(list->start());
     const std::uintptr_t key = top->slots()[i].key;
     Node* last = list;
     while (last->next_unindex_ != nullptr && last->next_unindex_->start() >= key) {
@@ -295,7 +320,7 @@ bool Index<Node>::insert(Node* r) noexcept {
     forEachOverlap(r->start(), r->end(), [&](const Entry&) { clear = false; });
     if (!clear) return false;
   }
-  return rewriteLeaf(current()->leafFor(r->start()), r, nullptr);
+  return rewriteLeaf(current()->leafForW(r->start()), r, nullptr);
 }
 
 }  // namespace gmd::rcache::detail

@@ -1,6 +1,7 @@
 // The registration cache's two-level index on its own (rcache/index.h), against a std::map model:
 // lookups, overlap walks, splits and merges of leaves, purges, and the structural invariants of
-// rcache/README.md (invariant 1). No cache, no backend, no threads.
+// rcache/README.md (invariant 1); lock-free readers against a writer editing leaves in place. No
+// cache, no backend.
 #include "rcache/index.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 namespace gmd::rcache::detail {
@@ -77,16 +79,16 @@ class IndexTest : public ::testing::Test {
     for (std::size_t i = 0; i < top->size; ++i) {
       const auto* leaf = top->leaf(i);
       if (top->size > 1) {
-        EXPECT_NE(leaf->size, 0u) << "empty leaf " << i;
+        EXPECT_NE(leaf->count(), 0u) << "empty leaf " << i;
       }
-      EXPECT_LE(leaf->size, kLeafMax);
+      EXPECT_LE(leaf->count(), kLeafMax);
       const std::uintptr_t lo = top->slots()[i].key;
       const std::uintptr_t hi = i + 1 < top->size ? top->slots()[i + 1].key : UINTPTR_MAX;
       if (i + 1 < top->size) {
         EXPECT_LT(lo, hi) << "keys out of order at " << i;
       }
-      for (std::size_t k = 0; k < leaf->size; ++k) {
-        const auto& e = leaf->entries()[k];
+      for (std::size_t k = 0; k < leaf->count(); ++k) {
+        const auto e = leaf->entry(k);
         EXPECT_GE(e.start, lo);
         EXPECT_LT(e.start, hi);
         EXPECT_GE(e.start, prev_end) << "entries overlap or are out of order";
@@ -100,7 +102,12 @@ class IndexTest : public ::testing::Test {
     for (auto& [s, n] : model_) want.push_back(n);
     EXPECT_EQ(seen, want);
   }
-  const TestIndex::Entry* floor(std::uintptr_t addr) { return index_->top()->floor(addr); }
+  // The floor entry (copied into last_floor_), or null.
+  const TestIndex::Entry* floor(std::uintptr_t addr) {
+    EXPECT_TRUE(index_->top()->floor(addr, &last_floor_)) << "no writer edits the leaf";
+    return last_floor_.region != nullptr ? &last_floor_ : nullptr;
+  }
+  TestIndex::Entry last_floor_{};
 
   Reclaimer reclaim_;
   std::unique_ptr<TestIndex> index_ = std::make_unique<TestIndex>(&reclaim_);
@@ -229,12 +236,76 @@ TEST_F(IndexTest, DetachHandsTheTopToTheCallerAndEmptiesTheIndex) {
   EXPECT_EQ(floor(UINTPTR_MAX), nullptr);
   std::size_t entries = 0;
   for (std::size_t i = 0; i < top->size; ++i) {
-    entries += top->leaf(i)->size;
+    entries += top->leaf(i)->count();
     TestIndex::releaseLeaf(top->leaf(i));
   }
   TestIndex::releaseTop(top);
   EXPECT_EQ(entries, 100u);
   model_.clear();
+  checkStructure();
+}
+
+// Readers look up entries that never move while the writer inserts and purges their neighbours in
+// the same leaves, in place under the leaves' sequence locks (and now and then splitting or
+// merging them): every lookup of a stable entry finds exactly it, and one of a churned page finds
+// the churned entry or the stable one below it, never a torn entry. Nothing retired is freed
+// before the readers stop (the cache's epochs are not part of the index).
+TEST_F(IndexTest, ConcurrentReadersSeeEveryStableEntryWhileLeavesAreEditedInPlace) {
+  constexpr std::uintptr_t kStable = 600;  // pages 0, 4, 8, ...; churn at 2, 6, 10, ...
+  std::vector<Node*> stable, churn;
+  for (std::uintptr_t i = 0; i < kStable; ++i) {
+    stable.push_back(make(4 * i, 1));
+    churn.push_back(make(4 * i + 2, 1));
+    insert(stable.back());
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> lookups{0}, busy{0}, wrong{0};
+  std::atomic<int> started{0};
+  auto reader = [&](unsigned seed) {
+    std::mt19937 rng(seed);
+    started.fetch_add(1);
+    std::uint64_t n = 0;
+    while (!stop.load(std::memory_order_relaxed)) {
+      const std::uintptr_t i = rng() % kStable;
+      const bool on_churn = (rng() & 1) != 0;
+      const std::uintptr_t page = 4 * i + (on_churn ? 2 : 0);
+      TestIndex::Entry e{};
+      if (!index_->top()->floor(page * kPage + 5, &e)) {
+        busy.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      const bool ok = e.region == stable[i] || (on_churn && e.region == churn[i]);
+      if (!ok || e.start != e.region->s || e.end != e.region->e) {
+        wrong.fetch_add(1, std::memory_order_relaxed);
+      }
+      ++n;
+    }
+    lookups.fetch_add(n, std::memory_order_relaxed);
+  };
+  std::thread r1(reader, 1), r2(reader, 2);
+  while (started.load() != 2) std::this_thread::yield();
+  std::mt19937 rng(7);
+  std::vector<Node*> in;  // churned entries now indexed
+  for (int round = 0; round < 200000; ++round) {
+    if (in.size() < kStable / 2 && (in.empty() || rng() % 3 != 0)) {
+      Node* c = churn[rng() % kStable];
+      if (c->in_index_) continue;
+      ASSERT_TRUE(index_->insert(c));
+      in.push_back(c);
+    } else {
+      const std::size_t k = rng() % in.size();
+      index_->queuePurge(in[k]);
+      ASSERT_TRUE(index_->purge());
+      in[k] = in.back();
+      in.pop_back();
+    }
+  }
+  stop.store(true);
+  r1.join();
+  r2.join();
+  EXPECT_EQ(wrong.load(), 0u) << "of " << lookups.load() << " lookups";
+  EXPECT_GT(lookups.load(), 0u);
+  for (Node* c : in) model_[c->s] = c;
   checkStructure();
 }
 
