@@ -33,7 +33,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "rcache/block_pool.h"
 #include "rcache/reclaim.h"
@@ -252,8 +254,19 @@ struct Leaf : Retired {
 template <typename Node>
 struct TopSlot {
   std::uintptr_t key;
-  std::atomic<Leaf<Node>*> leaf;  // replaced by writers (release); readers load it with acquire
+  // Replaced by writers (release); readers load it with acquire. A plain pointer accessed through
+  // std::atomic_ref, so that a writer may copy a Top's slots with memcpy (only the writer ever
+  // stores into them; readers only load).
+  Leaf<Node>* leaf_;
+  Leaf<Node>* loadLeaf() const noexcept {
+    return std::atomic_ref<Leaf<Node>*>(const_cast<Leaf<Node>*&>(leaf_))
+        .load(std::memory_order_acquire);
+  }
+  void storeLeaf(Leaf<Node>* l) noexcept {
+    std::atomic_ref<Leaf<Node>*>(leaf_).store(l, std::memory_order_release);
+  }
 };
+static_assert(std::is_trivially_copyable_v<TopSlot<int>>);
 
 template <typename Node>
 struct Top : Retired {
@@ -271,7 +284,7 @@ struct Top : Retired {
     const std::size_t bytes = sizeof(Top) + n * sizeof(Slot);
     t->bytes = bytes > UINT32_MAX ? UINT32_MAX : static_cast<std::uint32_t>(bytes);
     t->size = n;
-    for (std::size_t i = 0; i < n; ++i) new (&t->slots()[i]) Slot{0, {nullptr}};
+    // The slots are the caller's to fill, every one of them.
     return t;
   }
   static void release(Top* t) noexcept {
@@ -279,7 +292,7 @@ struct Top : Retired {
     ::operator delete(t);
   }
   Leaf<Node>* leaf(std::size_t i) const noexcept {
-    return slots()[i].leaf.load(std::memory_order_acquire);
+    return slots()[i].loadLeaf();
   }
   // The leaf whose key range holds addr.
   std::size_t leafFor(std::uintptr_t addr) const noexcept {
@@ -400,7 +413,7 @@ class Index {
   struct EmptyIndex {
     TopT top;
     TopSlot<Node> slot;
-    constexpr explicit EmptyIndex(LeafT* l) : slot{0, {l}} {
+    constexpr explicit EmptyIndex(LeafT* l) : slot{0, l} {
       top.kind = kRetiredTop;
       top.size = 1;
     }

@@ -47,21 +47,14 @@ bool Index<Node>::replaceLeaves(std::size_t first, std::size_t count, LeafT* con
   if (next == nullptr) {  // the index becomes empty
     top_.store(&empty_.top, std::memory_order_seq_cst);
   } else {
+    // Plain copies of the slots on either side (trivially copyable; only this writer stores
+    // into them), the new ones between.
     TopSlot<Node>* to = next->slots();
     const TopSlot<Node>* from = cur->slots();
-    std::size_t j = 0;
-    for (std::size_t i = 0; i < first; ++i, ++j) {
-      to[j].key = from[i].key;
-      to[j].leaf.store(from[i].leaf.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    }
-    for (std::size_t i = 0; i < n; ++i, ++j) {
-      to[j].key = keys[i];
-      to[j].leaf.store(leaves[i], std::memory_order_relaxed);
-    }
-    for (std::size_t i = first + count; i < cur->size; ++i, ++j) {
-      to[j].key = from[i].key;
-      to[j].leaf.store(from[i].leaf.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    }
+    std::memcpy(to, from, first * sizeof(TopSlot<Node>));
+    for (std::size_t i = 0; i < n; ++i) to[first + i] = TopSlot<Node>{keys[i], leaves[i]};
+    std::memcpy(to + first + n, from + first + count,
+                (cur->size - first - count) * sizeof(TopSlot<Node>));
     to[0].key = 0;
     top_.store(next, std::memory_order_seq_cst);
   }
@@ -204,7 +197,7 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
         done = replaceLeaves(0, 1, leaves, keys, 1);
         if (!done && !isEmptyLeaf(next)) LeafT::release(next);
       } else if (next != nullptr) {
-        top->slots()[i].leaf.store(next, std::memory_order_release);
+        top->slots()[i].storeLeaf(next);
         if (!isEmptyLeaf(old)) retire(old);
         done = true;
       }
