@@ -186,7 +186,8 @@ class Cache : public InvalidationSink {
   }
   // Hit-only lookup: a valid region covering the aligned range with `access`, whatever its memory
   // type and backend. On a hit takes a hold (released with put()) and counts a hit; otherwise
-  // returns false and changes nothing, including when deferred invalidations are pending.
+  // returns false and changes nothing, including when deferred invalidations are pending or a
+  // writer keeps editing the part of the index the lookup reads (it never waits for the lock).
   virtual bool find(const void* address, std::size_t length, unsigned access,
                     Region** region) noexcept = 0;
   // Release a hold taken by get() or find(). May deregister (if the region was invalidated or
