@@ -221,6 +221,7 @@ ucs_status_t Md::open(ucx::Component* component, const char* name, const MdConfi
       ucs_error("gmd %s: ibv_query_device: %s", name, std::strerror(errno));
       return UCS_ERR_IO_ERROR;
     }
+    if (ucs_status_t st = md->events_.init(md->ctx_, md->name_.c_str()); st != UCS_OK) return st;
     md->pd_ = ibv_alloc_pd(md->ctx_);
     if (md->pd_ == nullptr) {
       ucs_error("gmd %s: ibv_alloc_pd: %s", name, std::strerror(errno));

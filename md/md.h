@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "md/device_events.h"
 #include "md/gpudirect.h"
 #include "md/md_config.h"
 #include "md/registrar.h"
@@ -43,6 +44,8 @@ class Md {
   Registrar& registrar() noexcept { return *registrar_; }
   const MdConfig& config() const noexcept { return config_; }
   const ibv_device_attr& deviceAttr() const noexcept { return dev_attr_; }
+  // The device context's async events, shared by every iface on this MD.
+  DeviceEvents& events() noexcept { return events_; }
 
  private:
   Md() = default;
@@ -52,6 +55,7 @@ class Md {
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
   ibv_device_attr dev_attr_{};
+  DeviceEvents events_;
   std::unique_ptr<VerbsBackend> host_backend_;
   std::unique_ptr<GpuDirectBackend> cuda_backend_;
   std::unique_ptr<Registrar> registrar_;

@@ -5,9 +5,12 @@
 // (woken by a message and by a send completion, BUSY when something is already there) and bad input.
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <ucs/config/global_opts.h>
+#include <ucs/debug/log_def.h>
 #include <uct/api/uct.h>
 
 #include <algorithm>
+#include <cstdarg>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -318,6 +321,60 @@ TEST_P(GmdRcAmSmallQueue, ConnectDisconnectCyclesLoseNoReceiveBuffer) {
   }
   // Whatever of the cycles' messages arrived is intact.
   for (const auto& m : rx_.messages) ASSERT_EQ(2048u, m.size());
+}
+
+// The drain messages gmd_rc logs for passive QPs (md/rc/rc_recv.cc), counted by a UCX log handler.
+int g_drained = 0, g_drain_timeouts = 0;
+ucs_log_func_rc_t countDrains(const char*, unsigned, const char*, ucs_log_level_t,
+                              const ucs_log_component_config_t*, const char* fmt, va_list) {
+  const std::string f = fmt;
+  if (f.find("drained (last WQE reached)") != std::string::npos) ++g_drained;
+  if (f.find("without its last-WQE event") != std::string::npos) ++g_drain_timeouts;
+  return UCS_LOG_FUNC_RC_CONTINUE;
+}
+
+// Two ifaces on one MD share the device context's async event queue (md/device_events.h): every
+// passive QP of both is destroyed exactly once after its endpoint goes — on its LAST_WQE_REACHED,
+// whichever iface read it, or after the drain timeout where the device never raises the event (rxe
+// up to at least Linux 6.1 does not).
+TEST_P(GmdRcAm, PassiveQpsOfIfacesSharingAnMdAreEachDestroyedOnce) {
+  const auto devs = rdmaDeviceNames();
+  Side& second = extra_sides_.emplace_back();
+  second.md = target_.md;  // shares target_'s MD
+  openSide(devs[0], &second);
+  if (HasFatalFailure()) return;
+  Received rx2;
+  setHandler(second, &rx2);
+  constexpr int kEach = 4;
+  std::vector<uct_ep_h> eps;
+  for (int i = 0; i < kEach; ++i) {
+    for (const Side* to : {&target_, &second}) {
+      eps.push_back(connect(init_, *to));
+      ASSERT_NE(nullptr, eps.back());
+    }
+  }
+  // One message on each: its passive QP exists and is connected.
+  for (std::size_t i = 0; i < eps.size(); ++i) {
+    ASSERT_EQ(64, bcopy(eps[i], i, 64))
+        << "endpoint " << i;
+  }
+  ASSERT_TRUE(receivedAtLeast(rx_, kEach));
+  ASSERT_TRUE(receivedAtLeast(rx2, kEach));
+  for (uct_ep_h ep : eps) flushEp(ep);
+  g_drained = g_drain_timeouts = 0;
+  const ucs_log_level_t saved = ucs_global_opts.log_component.log_level;
+  ucs_global_opts.log_component.log_level = UCS_LOG_LEVEL_DEBUG;
+  ucs_log_push_handler(countDrains);
+  for (uct_ep_h ep : eps) uct_ep_destroy(ep);
+  const int n = static_cast<int>(eps.size());
+  const bool ended = progressUntil([&] { return g_drained + g_drain_timeouts >= n; }, 30);
+  // Nothing more comes (no QP destroyed twice).
+  progressUntil([] { return false; }, 0.5);
+  ucs_log_pop_handler();
+  ucs_global_opts.log_component.log_level = saved;
+  EXPECT_TRUE(ended) << g_drained << " drained, " << g_drain_timeouts << " timed out of " << n;
+  EXPECT_EQ(n, g_drained + g_drain_timeouts)
+      << g_drained << " drained on their event, " << g_drain_timeouts << " after the timeout";
 }
 
 // Descriptors kept by the handler (UCS_INPROGRESS) stay intact while more messages than the

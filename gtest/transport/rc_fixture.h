@@ -48,9 +48,11 @@ struct Comp {
   ucs_status_t last = UCS_OK;
 };
 
-// One side: an MD and a gmd_rc iface on a device port.
+// One side: an MD and a gmd_rc iface on a device port. A side whose md is set before openSide shares
+// that MD (another side owns it).
 struct Side {
   uct_md_h md = nullptr;
+  bool owns_md = false;
   uct_iface_h iface = nullptr;
   std::vector<std::uint8_t> dev_addr, iface_addr;
 };
@@ -85,17 +87,23 @@ class GmdRc : public ::testing::TestWithParam<bool> {  // param: initiator on an
     for (Side& s : extra_sides_) sides.push_back(&s);
     for (Side* s : sides) {
       if (s->iface != nullptr) uct_iface_close(s->iface);
-      if (s->md != nullptr) uct_md_close(s->md);
+    }
+    for (Side* s : sides) {
+      if (s->md != nullptr && s->owns_md) uct_md_close(s->md);
     }
     if (worker_ != nullptr) uct_worker_destroy(worker_);
     if (async_ != nullptr) ucs_async_context_destroy(async_);
   }
 
   void openSide(const std::string& dev, Side* s) {
-    uct_md_config_t* mdc = nullptr;
-    ASSERT_EQ(UCS_OK, uct_md_config_read(comp_, nullptr, nullptr, &mdc));
-    ASSERT_EQ(UCS_OK, uct_md_open(comp_, dev.c_str(), mdc, &s->md));
-    uct_config_release(mdc);
+    if (s->md == nullptr) {
+      uct_md_config_t* mdc = nullptr;
+      ASSERT_EQ(UCS_OK, uct_md_config_read(comp_, nullptr, nullptr, &mdc));
+      const ucs_status_t st = uct_md_open(comp_, dev.c_str(), mdc, &s->md);
+      uct_config_release(mdc);
+      ASSERT_EQ(UCS_OK, st) << ucs_status_string(st);
+      s->owns_md = true;
+    }
     uct_iface_config_t* ic = nullptr;
     ASSERT_EQ(UCS_OK, uct_md_iface_config_read(s->md, "gmd_rc", nullptr, nullptr, &ic));
     for (const auto& [name, value] : iface_config_) {

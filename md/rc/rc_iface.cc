@@ -212,8 +212,10 @@ ucs_status_t Iface::init(Md* md, const char* dev_name, const IfaceConfig& config
   } catch (...) {
     return UCS_ERR_NO_MEMORY;
   }
-  if (ucs_status_t st = recv_.init(this, &handle_.base, md->context(), md->pd(), channel_,
-                                   limits_, rx_headroom_, dev_name);
+  // The receive path keeps the name for its logs: the MD's, which lives as long as the iface
+  // (dev_name is the caller's and may go once uct_iface_open returns).
+  if (ucs_status_t st = recv_.init(this, &handle_.base, md->context(), &md->events(), md->pd(),
+                                   channel_, limits_, rx_headroom_, name());
       st != UCS_OK) {
     return st;
   }

@@ -1,7 +1,6 @@
 #include "md/rc/rc_recv.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <ucs/debug/log_def.h>
 
 #include <algorithm>
@@ -44,12 +43,12 @@ std::vector<Handoff::Event> Handoff::take() noexcept {
 
 // --- RecvPath --------------------------------------------------------------------------------------
 
-ucs_status_t RecvPath::init(Iface* iface, ucx::BaseIface* base, ibv_context* ctx, ibv_pd* pd,
-                            ibv_comp_channel* channel, const Limits& limits,
+ucs_status_t RecvPath::init(Iface* iface, ucx::BaseIface* base, ibv_context* ctx,
+                            DeviceEvents* events, ibv_pd* pd, ibv_comp_channel* channel, const Limits& limits,
                             std::size_t rx_headroom, const char* dev_name) noexcept {
   iface_ = iface;
   base_ = base;
-  ctx_ = ctx;
+  events_ = events;
   name_ = dev_name;
   headroom_ = rx_headroom;
   seg_size_ = limits.seg_size;
@@ -88,13 +87,6 @@ ucs_status_t RecvPath::init(Iface* iface, ucx::BaseIface* base, ibv_context* ctx
     auto* slot = reinterpret_cast<uct_recv_desc_t**>(pool_.buffer(i));
     *slot = &release_.super;
   }
-  // Async events (LAST_WQE_REACHED) are read without blocking, from progress.
-  const int fl = fcntl(ctx->async_fd, F_GETFL);
-  if (fl < 0 || fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK) != 0) {
-    ucs_error("gmd_rc %s: cannot make the async event fd non-blocking: %s", dev_name,
-              std::strerror(errno));
-    return UCS_ERR_IO_ERROR;
-  }
   refill();
   if (posted_ == 0) {
     ucs_error("gmd_rc %s: cannot post receive buffers", dev_name);
@@ -113,6 +105,7 @@ void RecvPath::shutdown() noexcept {
     if (ibv_destroy_qp(p.qp) != 0) {
       ucs_warn("gmd_rc %s: ibv_destroy_qp: %s", name_, std::strerror(errno));
     }
+    if (events_ != nullptr) events_->forget(qpn);
   }
   peers_.clear();
   draining_.clear();
@@ -334,6 +327,7 @@ void RecvPath::refill() noexcept {
 void RecvPath::startDrain(Peer& p) noexcept {
   p.closing = true;
   p.closed_at = std::chrono::steady_clock::now();
+  events_->forget(p.qp->qp_num);  // an event kept from an earlier QP of this number is stale
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_ERR;
   if (ibv_modify_qp(p.qp, &a, IBV_QP_STATE) != 0) {
@@ -343,24 +337,26 @@ void RecvPath::startDrain(Peer& p) noexcept {
 }
 
 void RecvPath::pollDraining() noexcept {
-  ibv_async_event ev;
-  while (ibv_get_async_event(ctx_, &ev) == 0) {
-    if (ev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED) {
-      if (auto it = peers_.find(ev.element.qp->qp_num); it != peers_.end()) {
-        it->second.last_wqe = true;
-      }
-    } else {
-      ucs_debug("gmd_rc %s: async event %s", name_, ibv_event_type_str(ev.event_type));
-    }
-    ibv_ack_async_event(&ev);
-  }
+  events_->poll();
   const auto now = std::chrono::steady_clock::now();
-  auto done = std::partition(draining_.begin(), draining_.end(), [&](std::uint32_t qpn) {
+  std::size_t kept = 0;
+  for (const std::uint32_t qpn : draining_) {
     auto it = peers_.find(qpn);
-    return it != peers_.end() && !it->second.last_wqe && now - it->second.closed_at < kDrainTimeout;
-  });
-  for (auto i = done; i != draining_.end(); ++i) destroyPeer(*i);
-  draining_.erase(done, draining_.end());
+    if (it == peers_.end()) continue;
+    if (events_->takeLastWqe(qpn)) {
+      ucs_debug("gmd_rc %s: passive QP 0x%x drained (last WQE reached)", name_, qpn);
+    } else if (now - it->second.closed_at >= kDrainTimeout) {
+      ucs_diag("gmd_rc %s: passive QP 0x%x destroyed without its last-WQE event after %lld s",
+               name_, qpn,
+               static_cast<long long>(
+                   std::chrono::duration_cast<std::chrono::seconds>(kDrainTimeout).count()));
+    } else {
+      draining_[kept++] = qpn;
+      continue;
+    }
+    destroyPeer(qpn);
+  }
+  draining_.resize(kept);
 }
 
 void RecvPath::destroyPeer(std::uint32_t qpn) noexcept {
@@ -370,6 +366,7 @@ void RecvPath::destroyPeer(std::uint32_t qpn) noexcept {
   if (ibv_destroy_qp(it->second.qp) != 0) {
     ucs_warn("gmd_rc %s: ibv_destroy_qp: %s", name_, std::strerror(errno));
   }
+  events_->forget(qpn);
   peers_.erase(it);
 }
 

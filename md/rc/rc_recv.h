@@ -10,8 +10,9 @@
 // Passive QPs: the listener thread creates and connects them and hands them over through Handoff
 // before it answers the peer, so no message can arrive on a QP the iface does not know. From then
 // on the iface owns them (QP number → peer map). When the peer's TCP connection ends the QP goes to
-// the error state and is destroyed after IBV_EVENT_QP_LAST_WQE_REACHED (or kDrainTimeout later when
-// that event never comes, e.g. because another reader of the device's async events took it).
+// the error state and is destroyed after IBV_EVENT_QP_LAST_WQE_REACHED, which the MD's DeviceEvents
+// reads for every iface on the device context (md/device_events.h), or kDrainTimeout later when that
+// event never comes (logged).
 //
 // Segment layout: [release slot][rx_headroom][payload, seg_size bytes]. The SRQ work request covers
 // the payload; an active-message handler gets data = payload with rx_headroom writable bytes before
@@ -37,6 +38,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "md/device_events.h"
 #include "md/rc/rc_config.h"
 #include "md/rc/rc_pool.h"
 #include "md/ucx_abi.h"
@@ -81,7 +83,8 @@ class RecvPath {
 
   // Creates the CQ (on `channel` for event notification), the SRQ and the segment pool, and fills
   // the SRQ. Logs (error level) and returns a status on failure.
-  ucs_status_t init(Iface* iface, ucx::BaseIface* base, ibv_context* ctx, ibv_pd* pd,
+  ucs_status_t init(Iface* iface, ucx::BaseIface* base, ibv_context* ctx, DeviceEvents* events,
+                    ibv_pd* pd,
                     ibv_comp_channel* channel, const Limits& limits, std::size_t rx_headroom,
                     const char* dev_name) noexcept;
   ibv_cq* cq() const noexcept { return cq_; }
@@ -107,7 +110,6 @@ class RecvPath {
     bool grant_wanted = false;     // a grant is owed (the sender asked)
     bool waiting = false;          // in grant_waiters_
     bool closing = false;
-    bool last_wqe = false;  // IBV_EVENT_QP_LAST_WQE_REACHED seen
     std::chrono::steady_clock::time_point closed_at{};
   };
   struct ReleaseDesc {
@@ -135,7 +137,7 @@ class RecvPath {
 
   Iface* iface_ = nullptr;
   ucx::BaseIface* base_ = nullptr;
-  ibv_context* ctx_ = nullptr;
+  DeviceEvents* events_ = nullptr;
   const char* name_ = "";
   ibv_cq* cq_ = nullptr;
   ibv_srq* srq_ = nullptr;
