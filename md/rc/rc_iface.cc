@@ -310,6 +310,11 @@ ucs_status_t Iface::query(uct_iface_attr_t* attr) noexcept {
                     // a dead peer fails outstanding work and calls the error handler once
                     // (md/rc/rc_peer_watch.h); uct_ep_check probes it
                     UCT_IFACE_FLAG_ERRHANDLE_PEER_FAILURE | UCT_IFACE_FLAG_EP_CHECK;
+#ifdef UCT_IFACE_FLAG_INTER_NODE
+  // UCX 1.18 on: reaches other hosts. Without it UCP treats gmd_rc as intra-node (a worker's
+  // net-only address leaves it out) and never closes rc_verbs for it, which has the flag.
+  attr->cap.flags |= UCT_IFACE_FLAG_INTER_NODE;
+#endif
   attr->cap.event_flags =
       UCT_IFACE_FLAG_EVENT_SEND_COMP | UCT_IFACE_FLAG_EVENT_RECV | UCT_IFACE_FLAG_EVENT_FD;
   attr->device_addr_len = kDeviceAddressSize;
