@@ -8,19 +8,11 @@
 set -u
 plugin=$1
 reps=${2:-3}
-ulimit -l unlimited 2>/dev/null
-devs=($(ls /sys/class/infiniband 2>/dev/null))
-((${#devs[@]} > 0)) || { echo "no RDMA devices"; exit 1; }
-sdev=${devs[0]}:1 cdev=${devs[-1]}:1
-nd=$(rdma link show "${devs[0]}/1" 2>/dev/null | sed -n 's/.*netdev \([^ ]*\).*/\1/p')
-sip=$(ip -4 -o addr show dev "${nd:-none}" 2>/dev/null | awk '{ sub("/.*", "", $4); print $4; exit }')
-sip=${sip:-127.0.0.1}
-port=17000
 source "$(dirname "${BASH_SOURCE[0]}")/../gtest/transport/perftest_server.sh"
+perftest_setup || exit 1
+port=17000
 log=$(mktemp -d) || exit 1
 trap 'rm -rf "$log"' EXIT
-mpi_off=()
-ucx_perftest -h 2>&1 | grep -q -- '-P <0|1>' && mpi_off=(-P 0)
 export LD_PRELOAD=$plugin
 
 # one LABEL TL PERFTEST-ARGS...: prints "LABEL: typical and average latency" or FAILED

@@ -10,47 +10,32 @@
 # Usage: perftest_check.sh PATH/TO/libuct_gmd.so
 set -u
 plugin=$1
-ulimit -l unlimited 2>/dev/null
-devs=($(ls /sys/class/infiniband 2>/dev/null))
-((${#devs[@]} > 0)) || { echo "FAIL: no RDMA devices"; exit 1; }
-server_dev=${devs[0]}:1
-client_dev=${devs[-1]}:1
-# The client reaches the server process at the IPv4 address of the server device's netdev (both run
-# on this machine, so loopback would do as well).
-nd=$(rdma link show "${devs[0]}/1" 2>/dev/null | sed -n 's/.*netdev \([^ ]*\).*/\1/p')
-server_ip=$(ip -4 -o addr show dev "${nd:-none}" 2>/dev/null | awk '{ sub("/.*", "", $4); print $4; exit }')
-server_ip=${server_ip:-127.0.0.1}
+source "$(dirname "${BASH_SOURCE[0]}")/perftest_server.sh"
+perftest_setup || exit 1
+perftest_workdir || exit 1
 port=13337
 fail=0
-# ctest runs this in the build tree, which the VM guest sees read-only: logs go to a private folder.
-source "$(dirname "${BASH_SOURCE[0]}")/perftest_server.sh"
-work=$(mktemp -d) || { echo "FAIL: mktemp"; exit 1; }
-trap 'rm -rf "$work"' EXIT
-cd "$work" || exit 1
-# A ucx_perftest built with MPI (Debian 13's) waits for MPI peers unless told not to (-P 0).
-mpi_off=()
-ucx_perftest -h 2>&1 | grep -q -- '-P <0|1>' && mpi_off=(-P 0)
 export LD_PRELOAD=$plugin
 for test in put_bw get; do
   for size in 4096 65536 1048576 8388608; do
     iters=$((size >= 1048576 ? 40 : 400))
     args=(-x gmd_rc -t "$test" -D zcopy -s "$size" -n "$iters" -w 4 -p "$port" "${mpi_off[@]}")
-    timeout 300 ucx_perftest -d "$server_dev" "${args[@]}" >server.log 2>&1 &
+    timeout 300 ucx_perftest -d "$sdev" "${args[@]}" >server.log 2>&1 &
     spid=$!
     wait_for_server "$spid" "$port" || echo "note: the $test server is not listening on port $port"
-    out=$(timeout 300 ucx_perftest "$server_ip" -d "$client_dev" "${args[@]}" 2>&1)
+    out=$(timeout 300 ucx_perftest "$sip" -d "$cdev" "${args[@]}" 2>&1)
     crc=$?
     wait "$spid"
     src=$?
     line=$(echo "$out" | grep '^Final:')
     if ((crc != 0 || src != 0)) || [[ -z $line ]]; then
-      echo "FAIL: $test size $size ($client_dev -> $server_dev): client rc=$crc server rc=$src"
+      echo "FAIL: $test size $size ($cdev -> $sdev): client rc=$crc server rc=$src"
       echo "$out" | tail -n 5
       tail -n 5 server.log
       fail=1
     else
       # Final: iters, overhead 50%ile/avg/overall (us), bandwidth avg/overall (MB/s), rate avg/overall
-      echo "$test $size B $client_dev -> $server_dev: $(echo "$line" | awk '{ printf "%s MB/s, %s us/op", $7, $5 }')"
+      echo "$test $size B $cdev -> $sdev: $(echo "$line" | awk '{ printf "%s MB/s, %s us/op", $7, $5 }')"
     fi
     port=$((port + 1))
   done
@@ -63,13 +48,13 @@ deadline=120
 for size in 1048576 4194304; do
   iters=$((size >= 4194304 ? 25 : 100))
   args=(-t tag_bw -s "$size" -n "$iters" -w 2 -p "$port" "${mpi_off[@]}")
-  UCX_TLS=gmd_rc,tcp,self UCX_NET_DEVICES=$server_dev,${nd:-lo} UCX_GMD_PRINT_STATS=y \
+  UCX_TLS=gmd_rc,tcp,self UCX_NET_DEVICES=$sdev,${snd:-lo} UCX_GMD_PRINT_STATS=y \
     timeout "$deadline" ucx_perftest "${args[@]}" >server.log 2>&1 &
   spid=$!
   wait_for_server "$spid" "$port" || echo "note: the tag_bw server is not listening on port $port"
   start=$SECONDS
-  out=$(UCX_TLS=gmd_rc,tcp,self UCX_NET_DEVICES=$client_dev,${client_nd:-lo} \
-        timeout "$deadline" ucx_perftest "$server_ip" "${args[@]}" 2>&1)
+  out=$(UCX_TLS=gmd_rc,tcp,self UCX_NET_DEVICES=$cdev,${client_nd:-lo} \
+        timeout "$deadline" ucx_perftest "$sip" "${args[@]}" 2>&1)
   crc=$?
   wait "$spid"
   src=$?
@@ -78,7 +63,7 @@ for size in 1048576 4194304; do
     echo "FAIL: UCP tag_bw $size B, default rendezvous: $iters messages not done within ${deadline} s (stalled)"
     fail=1
   elif ((crc != 0 || src != 0)) || [[ -z $line ]]; then
-    echo "FAIL: UCP tag_bw $size B ($client_dev -> $server_dev): client rc=$crc server rc=$src"
+    echo "FAIL: UCP tag_bw $size B ($cdev -> $sdev): client rc=$crc server rc=$src"
     echo "$out" | tail -n 5
     tail -n 5 server.log
     fail=1
@@ -86,7 +71,7 @@ for size in 1048576 4194304; do
     echo "FAIL: UCP tag_bw $size B: gmd's counters show no registration hits (gmd_rc did not carry it)"
     fail=1
   else
-    echo "UCP tag_bw $size B $client_dev -> $server_dev, default rendezvous: $iters messages in" \
+    echo "UCP tag_bw $size B $cdev -> $sdev, default rendezvous: $iters messages in" \
       "$((SECONDS - start)) s, $(echo "$line" | awk '{ printf "%s MB/s", $7 }')"
   fi
   port=$((port + 1))

@@ -11,9 +11,8 @@
 # Usage: ucp_default_check.sh PATH/TO/libuct_gmd.so
 set -u
 plugin=$1
-ulimit -l unlimited 2>/dev/null
-devs=($(ls /sys/class/infiniband 2>/dev/null))
-((${#devs[@]} > 0)) || { echo "FAIL: no RDMA devices"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/perftest_server.sh"
+perftest_setup || exit 1
 unset UCX_TLS
 version=$(ucx_info -v | head -n 1 | grep -Eo '[0-9]+\.[0-9]+\.[0-9]+' | head -n 1)
 rdma_tls='(rc_verbs|ud_verbs|rc_mlx5|ud_mlx5|dc_mlx5|gga_mlx5)'

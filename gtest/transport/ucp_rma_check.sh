@@ -11,23 +11,11 @@
 # Usage: ucp_rma_check.sh PATH/TO/libuct_gmd.so
 set -u
 plugin=$1
-ulimit -l unlimited 2>/dev/null
-devs=($(ls /sys/class/infiniband 2>/dev/null))
-((${#devs[@]} > 0)) || { echo "FAIL: no RDMA devices"; exit 1; }
-sdev=${devs[0]}:1
-cdev=${devs[-1]}:1
-nd=$(rdma link show "${devs[0]}/1" 2>/dev/null | sed -n 's/.*netdev \([^ ]*\).*/\1/p')
-sip=$(ip -4 -o addr show dev "${nd:-none}" 2>/dev/null | awk '{ sub("/.*", "", $4); print $4; exit }')
-sip=${sip:-127.0.0.1}
+source "$(dirname "${BASH_SOURCE[0]}")/perftest_server.sh"
+perftest_setup || exit 1
+perftest_workdir || exit 1
 port=15337
 fail=0
-source "$(dirname "${BASH_SOURCE[0]}")/perftest_server.sh"
-work=$(mktemp -d) || { echo "FAIL: mktemp"; exit 1; }
-trap 'rm -rf "$work"' EXIT
-cd "$work" || exit 1
-# A ucx_perftest built with MPI (Debian 13's) waits for MPI peers unless told not to (-P 0).
-mpi_off=()
-ucx_perftest -h 2>&1 | grep -q -- '-P <0|1>' && mpi_off=(-P 0)
 export LD_PRELOAD=$plugin UCX_TLS=gmd_rc,self
 
 # ucx_info -e connects a worker to itself; without self in the list every lane is a transport's.
