@@ -1,0 +1,307 @@
+// gmd_ep_scale: endpoint creation rate and the memory and descriptors each endpoint costs, for any
+// UCT transport, in one process that holds both ends (bench/ep_bench.sh runs it for gmd_rc and
+// rc_verbs in the same VM run; docs/transport.md has the figures).
+//
+//   gmd_ep_scale TL SERVER_DEV CLIENT_DEV [N]     (N endpoints, default 512)
+//
+// Opens TL on both devices (the server and client ifaces share one worker), then creates N
+// endpoints from the client iface to the server iface and sends one 8-byte active message over
+// each; an endpoint counts once the server has received its message. For a connect-to-iface
+// transport (gmd_rc) that is uct_ep_create with the server's iface address; for a connect-to-ep one
+// (rc_verbs) the pair of endpoints, each connected to the other's address (what UCP's wire-up does
+// for it). Before the timing, one endpoint (pair) is made and used, so per-peer costs (gmd_rc's
+// connection to the peer iface, the first QP's buffers) are in the baseline and the figures are
+// per additional endpoint. Prints one line:
+//
+//   ep_scale tl=TL eps=N seconds=S rate=R/s rss_kib=K rss_kib_per_ep=K pinned_kib=P
+//   pinned_kib_per_ep=P fds_before=F fds_after=F
+//
+// rss is the process's resident set and pinned its VmPin (both from /proc/self/status; VmPin is
+// memory the RDMA driver pinned for queues and registrations), fds the open descriptors. Both ends
+// are in the process, so each figure covers an endpoint and its peer's side. Exit status 0 on
+// success, 1 with a message on stderr otherwise. Single-threaded: the worker is
+// UCS_THREAD_MODE_SINGLE and only main() touches it.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <ucs/async/async_fwd.h>
+#include <uct/api/uct.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr std::uint8_t kAmId = 5;
+constexpr std::size_t kDefaultEps = 512;
+constexpr double kTimeoutSecs = 300;
+
+// Open descriptors: those below the descriptor limit that fcntl knows.
+int openFds() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return -1;
+  int n = 0;
+  for (rlim_t fd = 0; fd < lim.rlim_cur && fd < 65536; ++fd) {
+    n += fcntl(static_cast<int>(fd), F_GETFD) != -1;
+  }
+  return n;
+}
+
+// A "Vm...:" figure of /proc/self/status in KiB (VmRSS: resident, VmPin: pinned); -1 if absent.
+long statusKiB(const char* field) {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  long kib = -1;
+  const std::size_t len = std::strlen(field);
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::strncmp(line, field, len) == 0 && line[len] == ':') {
+      kib = std::strtol(line + len + 1, nullptr, 10);
+    }
+  }
+  std::fclose(f);
+  return kib;
+}
+
+[[noreturn]] void die(const std::string& what, ucs_status_t st = UCS_OK) {
+  std::fprintf(stderr, "gmd_ep_scale: %s%s%s\n", what.c_str(), st != UCS_OK ? ": " : "",
+               st != UCS_OK ? ucs_status_string(st) : "");
+  std::exit(1);
+}
+
+std::size_t received = 0;
+
+ucs_status_t onMessage(void*, void*, size_t, unsigned) {
+  ++received;
+  return UCS_OK;
+}
+
+// One opened transport on one device, with its addresses.
+struct Side {
+  uct_component_h component = nullptr;
+  uct_md_h md = nullptr;
+  uct_iface_h iface = nullptr;
+  uct_iface_attr_t attr{};
+  std::vector<char> dev_addr, iface_addr;
+};
+
+Side openSide(uct_worker_h worker, const char* tl, const char* dev) {
+  uct_component_h* comps = nullptr;
+  unsigned ncomps = 0;
+  ucs_status_t st = uct_query_components(&comps, &ncomps);
+  if (st != UCS_OK) die("uct_query_components", st);
+  Side s;
+  for (unsigned c = 0; c < ncomps && s.iface == nullptr; ++c) {
+    uct_component_attr_t ca{};
+    ca.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME | UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
+    if (uct_component_query(comps[c], &ca) != UCS_OK) continue;
+    std::vector<uct_md_resource_desc_t> mds(ca.md_resource_count);
+    ca.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCES;
+    ca.md_resources = mds.data();
+    if (uct_component_query(comps[c], &ca) != UCS_OK) continue;
+    for (const uct_md_resource_desc_t& mdr : mds) {
+      uct_md_config_t* mcfg = nullptr;
+      if (uct_md_config_read(comps[c], nullptr, nullptr, &mcfg) != UCS_OK) continue;
+      uct_md_h md = nullptr;
+      st = uct_md_open(comps[c], mdr.md_name, mcfg, &md);
+      uct_config_release(mcfg);
+      if (st != UCS_OK) continue;
+      uct_tl_resource_desc_t* tls = nullptr;
+      unsigned ntls = 0;
+      bool found = false;
+      if (uct_md_query_tl_resources(md, &tls, &ntls) == UCS_OK) {
+        for (unsigned t = 0; t < ntls; ++t) {
+          found |= std::strcmp(tls[t].tl_name, tl) == 0 && std::strcmp(tls[t].dev_name, dev) == 0;
+        }
+        uct_release_tl_resource_list(tls);
+      }
+      if (!found) {
+        uct_md_close(md);
+        continue;
+      }
+      uct_iface_config_t* icfg = nullptr;
+      st = uct_md_iface_config_read(md, tl, nullptr, nullptr, &icfg);
+      if (st != UCS_OK) die(std::string("iface config of ") + tl, st);
+      uct_iface_params_t p{};
+      p.field_mask = UCT_IFACE_PARAM_FIELD_OPEN_MODE | UCT_IFACE_PARAM_FIELD_DEVICE;
+      p.open_mode = UCT_IFACE_OPEN_MODE_DEVICE;
+      p.mode.device.tl_name = tl;
+      p.mode.device.dev_name = dev;
+      st = uct_iface_open(md, worker, &p, icfg, &s.iface);
+      uct_config_release(icfg);
+      if (st != UCS_OK) die(std::string("opening ") + tl + " on " + dev, st);
+      s.component = comps[c];
+      s.md = md;
+      break;
+    }
+  }
+  uct_release_component_list(comps);
+  if (s.iface == nullptr) die(std::string("no ") + tl + " on " + dev);
+  if ((st = uct_iface_query(s.iface, &s.attr)) != UCS_OK) die("uct_iface_query", st);
+  if (!(s.attr.cap.flags & UCT_IFACE_FLAG_AM_SHORT)) die(std::string(tl) + " has no am_short");
+  s.dev_addr.resize(s.attr.device_addr_len);
+  s.iface_addr.resize(s.attr.iface_addr_len);
+  st = uct_iface_get_device_address(s.iface,
+                                    reinterpret_cast<uct_device_addr_t*>(s.dev_addr.data()));
+  if (st != UCS_OK) die("uct_iface_get_device_address", st);
+  if (s.attr.cap.flags & UCT_IFACE_FLAG_CONNECT_TO_IFACE) {
+    st = uct_iface_get_address(s.iface, reinterpret_cast<uct_iface_addr_t*>(s.iface_addr.data()));
+    if (st != UCS_OK) die("uct_iface_get_address", st);
+  }
+  uct_iface_progress_enable(s.iface, UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
+  return s;
+}
+
+// The endpoints of one connection: the client's, and for connect-to-ep transports the server's.
+struct Pair {
+  uct_ep_h client = nullptr, server = nullptr;
+};
+
+class Bench {
+ public:
+  Bench(uct_worker_h worker, Side& server, Side& client)
+      : worker_(worker), server_(server), client_(client) {}
+
+  Pair connect() {
+    Pair p;
+    uct_ep_params_t ep{};
+    ucs_status_t st;
+    if (client_.attr.cap.flags & UCT_IFACE_FLAG_CONNECT_TO_IFACE) {
+      ep.field_mask =
+          UCT_EP_PARAM_FIELD_IFACE | UCT_EP_PARAM_FIELD_DEV_ADDR | UCT_EP_PARAM_FIELD_IFACE_ADDR;
+      ep.iface = client_.iface;
+      ep.dev_addr = reinterpret_cast<const uct_device_addr_t*>(server_.dev_addr.data());
+      ep.iface_addr = reinterpret_cast<const uct_iface_addr_t*>(server_.iface_addr.data());
+      if ((st = uct_ep_create(&ep, &p.client)) != UCS_OK) die("uct_ep_create", st);
+      return p;
+    }
+    ep.field_mask = UCT_EP_PARAM_FIELD_IFACE;
+    ep.iface = client_.iface;
+    if ((st = uct_ep_create(&ep, &p.client)) != UCS_OK) die("uct_ep_create (client)", st);
+    ep.iface = server_.iface;
+    if ((st = uct_ep_create(&ep, &p.server)) != UCS_OK) die("uct_ep_create (server)", st);
+    std::vector<char> ca(client_.attr.ep_addr_len), sa(server_.attr.ep_addr_len);
+    auto* cap = reinterpret_cast<uct_ep_addr_t*>(ca.data());
+    auto* sap = reinterpret_cast<uct_ep_addr_t*>(sa.data());
+    if ((st = uct_ep_get_address(p.client, cap)) != UCS_OK) die("uct_ep_get_address", st);
+    if ((st = uct_ep_get_address(p.server, sap)) != UCS_OK) die("uct_ep_get_address", st);
+    st = uct_ep_connect_to_ep(
+        p.client, reinterpret_cast<const uct_device_addr_t*>(server_.dev_addr.data()), sap);
+    if (st != UCS_OK) die("uct_ep_connect_to_ep (client)", st);
+    st = uct_ep_connect_to_ep(
+        p.server, reinterpret_cast<const uct_device_addr_t*>(client_.dev_addr.data()), cap);
+    if (st != UCS_OK) die("uct_ep_connect_to_ep (server)", st);
+    return p;
+  }
+
+  // One active message from the client end; retried (progressing) while out of resources.
+  void send(const Pair& p) {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const ucs_status_t st = uct_ep_am_short(p.client, kAmId, 0, nullptr, 0);
+      if (st == UCS_OK) return;
+      if (st != UCS_ERR_NO_RESOURCE) die("uct_ep_am_short", st);
+      progressOrDie(start);
+    }
+  }
+
+  void waitReceived(std::size_t n) {
+    const auto start = std::chrono::steady_clock::now();
+    while (received < n) progressOrDie(start);
+  }
+
+  void close(const Pair& p) {
+    for (uct_ep_h ep : {p.client, p.server}) {
+      if (ep == nullptr) continue;
+      const auto start = std::chrono::steady_clock::now();
+      ucs_status_t st;
+      while ((st = uct_ep_flush(ep, 0, nullptr)) == UCS_INPROGRESS || st == UCS_ERR_NO_RESOURCE) {
+        progressOrDie(start);
+      }
+      uct_ep_destroy(ep);
+    }
+  }
+
+ private:
+  void progressOrDie(std::chrono::steady_clock::time_point start) {
+    uct_worker_progress(worker_);
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+        kTimeoutSecs) {
+      die("no progress within " + std::to_string(static_cast<int>(kTimeoutSecs)) + " s");
+    }
+  }
+
+  uct_worker_h worker_;
+  Side& server_;
+  Side& client_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4 || argc > 5) {
+    std::fprintf(stderr, "usage: gmd_ep_scale TL SERVER_DEV CLIENT_DEV [N]\n");
+    return 1;
+  }
+  const char* tl = argv[1];
+  const std::size_t n = argc == 5 ? std::strtoul(argv[4], nullptr, 10) : kDefaultEps;
+  if (n == 0) die("N must be positive");
+  ucs_async_context_t* async = nullptr;
+  ucs_status_t st = ucs_async_context_create(UCS_ASYNC_MODE_THREAD_SPINLOCK, &async);
+  if (st != UCS_OK) die("ucs_async_context_create", st);
+  uct_worker_h worker = nullptr;
+  if ((st = uct_worker_create(async, UCS_THREAD_MODE_SINGLE, &worker)) != UCS_OK) {
+    die("uct_worker_create", st);
+  }
+  Side server = openSide(worker, tl, argv[2]);
+  Side client = openSide(worker, tl, argv[3]);
+  st = uct_iface_set_am_handler(server.iface, kAmId, onMessage, nullptr, 0);
+  if (st != UCS_OK) die("uct_iface_set_am_handler", st);
+  if (client.attr.max_num_eps < n + 1) {
+    std::fprintf(stderr, "gmd_ep_scale: note: %s reports max_num_eps %zu, fewer than %zu\n", tl,
+                 client.attr.max_num_eps, n + 1);
+  }
+  Bench bench(worker, server, client);
+
+  // The baseline: one endpoint made and used.
+  const Pair first = bench.connect();
+  bench.send(first);
+  bench.waitReceived(1);
+  const int fds_before = openFds();
+  const long rss_before = statusKiB("VmRSS");
+  const long pin_before = statusKiB("VmPin");
+
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Pair> pairs;
+  pairs.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    pairs.push_back(bench.connect());
+    bench.send(pairs.back());
+  }
+  bench.waitReceived(n + 1);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int fds_after = openFds();
+  const long rss = statusKiB("VmRSS") - rss_before;
+  const long pin = statusKiB("VmPin") - pin_before;
+  std::printf(
+      "ep_scale tl=%s eps=%zu seconds=%.3f rate=%.0f/s rss_kib=%ld rss_kib_per_ep=%.1f "
+      "pinned_kib=%ld pinned_kib_per_ep=%.1f fds_before=%d fds_after=%d\n",
+      tl, n, secs, n / secs, rss, static_cast<double>(rss) / n, pin, static_cast<double>(pin) / n,
+      fds_before, fds_after);
+  std::fflush(stdout);
+
+  for (const Pair& p : pairs) bench.close(p);
+  bench.close(first);
+  for (Side* s : {&client, &server}) {
+    uct_iface_close(s->iface);
+    uct_md_close(s->md);
+  }
+  uct_worker_destroy(worker);
+  ucs_async_context_destroy(async);
+  return 0;
+}
