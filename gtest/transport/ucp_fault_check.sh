@@ -5,7 +5,8 @@
 #    accepts gmd_rc where it demands UCT_IFACE_FLAG_ERRHANDLE_PEER_FAILURE.
 #  - ucx_perftest tag_bw -e (UCP_ERR_HANDLING_MODE_PEER) at 8 KiB and 1 MiB: a Final line, no error.
 #  - ucx_perftest tag_bw -e at 1 MiB with the server killed (SIGKILL) during the run: the client's
-#    error handler is called and the client exits instead of hanging.
+#    UCP error handler is called (ucx_perftest logs it) within 60 s; ucx_perftest does not stop by
+#    itself afterwards and is ended.
 #  - gmd_ucp_fault (gtest/transport/ucp_fault.cc) with tag sends and with gets: the peer killed under
 #    traffic, every request completes once (the outstanding ones with an error), the error callback
 #    runs once, then a new peer is reached from the same worker; and idle: the peer killed with
@@ -63,25 +64,29 @@ perftest() {
     # The server itself, not the `timeout` in front of it (which would leave it serving).
     pkill -9 -P "$spid" ucx_perftest
     kill -9 "$spid" 2>/dev/null
-    local t0=$SECONDS
-    wait "$cpid"
-    crc=$?
     wait "$spid" 2>/dev/null
-    if ((crc == 124)); then
-      echo "FAIL: tag_bw -e $size B, server killed after $kill_after s: the client hung (120 s)"
-      tail -n 5 client.log
-      fail=1
-    elif grep -q '^Final:' client.log; then
+    local t0=$SECONDS
+    # UCP's error handler (ucx_perftest logs its call) must run within 60 s. ucx_perftest itself
+    # does not stop on errors and then waits for its dead server, so it is ended here; gmd_ucp_fault
+    # below checks that the requests complete.
+    while ((SECONDS - t0 < 60)) && ! grep -q 'error handler called' client.log &&
+      kill -0 "$cpid" 2>/dev/null; do
+      sleep 1
+    done
+    if grep -q '^Final:' client.log; then
       echo "FAIL: tag_bw -e $size B: the run ended before the kill; raise its iterations"
       fail=1
     elif ! grep -q 'error handler called' client.log; then
-      echo "FAIL: tag_bw -e $size B, server killed: UCP's error handler was not called (rc=$crc)"
+      echo "FAIL: tag_bw -e $size B, server killed: UCP's error handler not called within 60 s"
       tail -n 5 client.log
       fail=1
     else
-      echo "tag_bw -e $size B, server killed after $kill_after s: client rc=$crc within $((SECONDS - t0)) s:"
-      grep -Ei 'error|failed|reset|timeout' client.log | sort | uniq -c | head -n 5 | sed 's/^/    /'
+      echo "tag_bw -e $size B, server killed after $kill_after s: the client's error handler ran" \
+        "within $((SECONDS - t0)) s: $(grep -m1 'error handler called' client.log | sed 's/.*UCX  //')"
     fi
+    pkill -9 -P "$cpid" ucx_perftest
+    kill -9 "$cpid" 2>/dev/null
+    wait "$cpid" 2>/dev/null
     return
   fi
   wait "$cpid"
@@ -101,9 +106,7 @@ perftest() {
 
 perftest 8192 2000 0
 perftest 1048576 50 0
-# ucx_perftest ignores failed sends and runs through its iterations: few enough (about 20 s of
-# work) that it reaches its end and its barrier with the dead server, which ends it.
-perftest 1048576 400 6
+perftest 1048576 1000000 6
 
 # gmd_ucp_fault MODE: peer 1 killed under traffic, then peer 2.
 for mode in tag get idle; do
