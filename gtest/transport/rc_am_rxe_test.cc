@@ -1,8 +1,9 @@
 // gmd_rc's active messages through the public UCT API on real RDMA devices (soft-RoCE in the VM),
 // rxe1 → rxe0 and rxe0 → rxe0: every flavour at sizes from 0 B to its maximum with every byte
 // checked, more messages than the receive queue holds, credits, descriptors kept by a handler and
-// released later, three senders to one receiver, both directions of a connection, the event fd
-// (woken by a message and by a send completion, BUSY when something is already there) and bad input.
+// released later, pending requests going before later operations, three senders to one receiver,
+// both directions of a connection, the event fd (woken by a message and by a send completion, BUSY
+// when something is already there) and bad input.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <ucs/config/global_opts.h>
@@ -397,6 +398,59 @@ TEST_P(GmdRcAmSmallQueue, KeptDescriptorsAreReleasedLater) {
       uct_iface_release_desc(static_cast<std::uint8_t*>(rx_.kept[i]) - rx_headroom_);
     }
     rx_.kept.clear();
+  }
+}
+
+// A request in the pending queue goes before anything sent later, as UCP expects when it queues
+// one fragment of a long message after another (protocols v2): once the window is used up a
+// pending request sends 40 numbered messages, one per call (UCS_INPROGRESS until the last), while
+// the test tries a message of its own after every progress call. That one must be refused
+// (UCS_ERR_NO_RESOURCE) as long as the request is queued, and arrive after all 40. Before the fix
+// it went out between two of them as soon as a credit grant came back.
+TEST_P(GmdRcAmSmallQueue, PendingRequestsGoBeforeLaterOperations) {
+  ASSERT_EQ(8, bcopy(ep_, 0, 8));  // connected
+  ASSERT_TRUE(receivedAtLeast(rx_, 1));
+  ASSERT_TRUE(progressUntil([&] { return uct_iface_flush(init_.iface, 0, nullptr) == UCS_OK; }));
+  for (int i = 0; i < 100; ++i) uct_worker_progress(worker_);
+  rx_.messages.clear();
+  std::uint64_t seq = 0;
+  while (uct_ep_am_short(ep_, kAmId, seq, nullptr, 0) == UCS_OK) ++seq;  // the window
+  ASSERT_GT(seq, 0u);
+  constexpr std::uint64_t kQueued = 40, kLater = 1000;
+  struct Req {
+    uct_pending_req_t req;  // first
+    uct_ep_h ep;
+    std::uint64_t next, end;
+  } r{{}, ep_, seq, seq + kQueued};
+  r.req.func = [](uct_pending_req_t* self) -> ucs_status_t {
+    auto* me = reinterpret_cast<Req*>(self);
+    const ucs_status_t st = uct_ep_am_short(me->ep, kAmId, me->next, nullptr, 0);
+    if (st != UCS_OK) return st;
+    return ++me->next == me->end ? UCS_OK : UCS_INPROGRESS;
+  };
+  ASSERT_EQ(UCS_OK, uct_ep_pending_add(ep_, &r.req, 0));
+  int refused = 0, overtook = 0;
+  ASSERT_TRUE(progressUntil([&] {
+    const bool queued = r.next < r.end;
+    const ucs_status_t st = uct_ep_am_short(ep_, kAmId, kLater, nullptr, 0);
+    if (st == UCS_ERR_NO_RESOURCE) {
+      ++refused;
+      return false;
+    }
+    EXPECT_EQ(UCS_OK, st);
+    if (queued) ++overtook;
+    return true;
+  })) << "the pending request sent " << r.next - seq << " of " << kQueued;
+  EXPECT_EQ(0, overtook) << "a later message went out while the pending request was queued";
+  EXPECT_GT(refused, 0);
+  EXPECT_EQ(r.end, r.next);
+  ASSERT_TRUE(receivedAtLeast(rx_, seq + kQueued + 1));
+  ASSERT_EQ(seq + kQueued + 1, rx_.messages.size());
+  for (std::size_t i = 0; i < rx_.messages.size(); ++i) {
+    std::uint64_t got = 0;
+    ASSERT_EQ(sizeof(got), rx_.messages[i].size());
+    std::memcpy(&got, rx_.messages[i].data(), sizeof(got));
+    EXPECT_EQ(i < seq + kQueued ? i : kLater, got) << "message " << i << " out of order";
   }
 }
 

@@ -55,8 +55,16 @@ bool Ep::canPost() const noexcept {
          (!need_bounce_ || iface_->bounce_.available() > 0);
 }
 
+bool Ep::queuedBehindPending() noexcept {
+  if (pending_.empty() || dispatching_) return false;
+  // The pending queue goes first (see the file comment of md/rc/rc_ep.h); progress dispatches it.
+  if (!in_pending_list_ && canPost()) iface_->schedulePending(this);
+  return true;
+}
+
 ucs_status_t Ep::reserve(bool credit, bool bounce) noexcept {
   if (error_ != UCS_OK) return error_;
+  if (queuedBehindPending()) return UCS_ERR_NO_RESOURCE;
   need_slots_ = 1;
   need_credit_ = credit;
   need_bounce_ = bounce;
@@ -71,7 +79,7 @@ ucs_status_t Ep::reserve(bool credit, bool bounce) noexcept {
 ucs_status_t Ep::rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t iovcnt,
                       std::uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t* comp) noexcept {
   if (error_ != UCS_OK) return error_;
-  if (state_ != State::kReady) return UCS_ERR_NO_RESOURCE;
+  if (state_ != State::kReady || queuedBehindPending()) return UCS_ERR_NO_RESOURCE;
   if (iovcnt > iface_->maxIov(opcode)) {
     ucs_error("gmd_rc: %zu iov entries, at most %zu", iovcnt, iface_->maxIov(opcode));
     return UCS_ERR_INVALID_PARAM;

@@ -10,6 +10,13 @@
 // request with a flush error). flush() and destruction post a signaled zero-length RDMA WRITE when
 // the newest work request is unsignaled, so that the ring always empties.
 //
+// Pending queue: while it holds requests, every operation returns UCS_ERR_NO_RESOURCE except those
+// the requests' own callbacks post when Iface::dispatchPending calls them (as UCX's rc transports:
+// resources and a non-empty pending queue never coexist outside dispatch). Otherwise a new operation
+// could overtake a request already queued: UCP's multi-fragment messages would interleave, and a
+// receiver holding the unexpected fragments of several half-received messages runs out of receive
+// buffers for good (UCP protocols v2, eager zero-copy of 1 MiB tag sends, UCX 1.18).
+//
 // Credits (sender side): FC_WND_SIZE active messages may be unacknowledged. Once half are used the
 // next message asks for a grant (a bit in its immediate data, md/rc/rc_wire.h); the peer's receive
 // path answers with one grant for everything it consumed. Without credits an AM returns
@@ -119,7 +126,11 @@ class Ep {
   // several READs, see Iface::readSize), and a credit / a bounce buffer when the last refused
   // operation needed one.
   bool canPost() const noexcept;
-  // The resources of one work request (need_* say which); UCS_ERR_NO_RESOURCE when short of them.
+  // True (the caller returns UCS_ERR_NO_RESOURCE) when pending requests wait and this is not
+  // one of them being dispatched; schedules their dispatch if they could go now.
+  bool queuedBehindPending() noexcept;
+  // The resources of one work request (need_* say which); UCS_ERR_NO_RESOURCE when short of them
+  // or when pending requests wait.
   ucs_status_t reserve(bool credit, bool bounce) noexcept;
   ucs_status_t postRdma(ibv_wr_opcode opcode, ibv_sge* sge, int nsge, std::uint64_t remote_addr,
                         std::uint32_t rkey, uct_completion_t* comp) noexcept;
@@ -171,6 +182,7 @@ class Ep {
   std::deque<FlushWaiter> flushes_;
   std::deque<uct_pending_req_t*> pending_;
   bool in_pending_list_ = false;
+  bool dispatching_ = false;  // Iface::dispatchPending is in one of its pending callbacks
   bool fence_ = false;
   unsigned fence_epoch_ = 0;
   bool destroyed_ = false;

@@ -190,20 +190,25 @@ unsigned Iface::dispatchPending() noexcept {
     pending_eps_.pop_front();
     ep->in_pending_list_ = false;
     bool keep = false;
+    // A request that sent part of itself (UCS_INPROGRESS: a fragment of a long message) is called
+    // again while there is room, at most a send queue's worth of times before the next endpoint.
+    std::size_t partial = ep->ring_.size();
     while (!ep->pending_.empty()) {
       // Out of credits: a completion reschedules it; connecting: connectionReady() does; failed:
       // the user purges.
       if (!ep->canPost()) break;
       uct_pending_req_t* req = ep->pending_.front();
+      ep->dispatching_ = true;  // its operations may post though the queue is not empty
       const ucs_status_t st = req->func(req);
+      ep->dispatching_ = false;  // destruction is deferred to the end of progress
       if (ep->destroyed_) break;
+      keep = st == UCS_INPROGRESS;
       if (st == UCS_OK) {
         ep->pending_.pop_front();
         ++n;
       } else if (st == UCS_INPROGRESS) {
         ++n;
-        keep = true;
-        break;
+        if (--partial == 0) break;
       } else {
         break;
       }
