@@ -359,9 +359,8 @@ class Index {
     if (!r->in_index_) return;
     r->next_unindex_ = unindex_;
     unindex_ = r;
-    dirty_ = true;
   }
-  bool dirty() const noexcept { return dirty_; }
+  bool dirty() const noexcept { return unindex_ != nullptr; }
   // How many insert() calls there were: entries enter the index only through insert(), so while it
   // stands still no new entry can overlap a range where a walk found none.
   std::uint64_t insertions() const noexcept { return insertions_; }
@@ -379,7 +378,7 @@ class Index {
     TopT* t = current();
     top_.store(&empty_.top, std::memory_order_relaxed);
     unindex_ = nullptr;
-    dirty_ = false;
+    hint_ = 0;
     return t;
   }
   static void releaseLeaf(LeafT* l) noexcept {
@@ -405,6 +404,53 @@ class Index {
   bool replaceLeaves(std::size_t first, std::size_t count, LeafT* const* leaves,
                      const std::uintptr_t* keys, std::size_t n) noexcept;
   bool rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept;
+
+  // Writers' searches start from where the last ones ended: a miss looks for one address up to
+  // five times (the walk under the lock, the insertion, the invalidation's walk, and the next
+  // miss's purge of it). hint_ remembers two positions, each a leaf index (24 bits) and the
+  // number of that leaf's entries whose start is at or below the address looked for (8 bits).
+  // A position is used only after checking that it answers the search exactly (the leaf's key
+  // range holds the address; the entries on either side of it start at or below and above it),
+  // so a stale one (the top or the leaf changed since) only costs the check.
+  static constexpr unsigned kHintPosBits = 8;
+  static_assert(kLeafMax < (1u << kHintPosBits));
+  static std::uint32_t hintLeaf(std::uint32_t h) noexcept { return h >> kHintPosBits; }
+  static std::uint32_t hintPos(std::uint32_t h) noexcept {
+    return h & ((1u << kHintPosBits) - 1);
+  }
+  std::uint32_t hint(int n) const noexcept {
+    return static_cast<std::uint32_t>(hint_ >> (32 * n));
+  }
+  // The leaf whose key range holds addr.
+  std::size_t leafAt(std::uintptr_t addr) const noexcept {
+    const TopT* top = current();
+    const TopSlot<Node>* s = top->slots();
+    for (int n = 0; n < 2; ++n) {
+      const std::size_t i = hintLeaf(hint(n));
+      if (i < top->size && s[i].key <= addr && (i + 1 == top->size || s[i + 1].key > addr)) {
+        return i;
+      }
+    }
+    return top->leafForW(addr);
+  }
+  // Leaf i's (l) Leaf::upper(addr, n).
+  std::size_t upperIn(std::size_t i, const LeafT* l, std::uintptr_t addr,
+                      std::size_t n) const noexcept {
+    for (int h = 0; h < 2; ++h) {
+      const std::uint32_t v = hint(h);
+      const std::size_t k = hintPos(v);
+      if (hintLeaf(v) == (i & 0xffffff) && k <= n && (k == 0 || l->startAt(k - 1) <= addr) &&
+          (k == n || l->startAt(k) > addr)) {
+        return k;
+      }
+    }
+    return l->upper(addr, n);
+  }
+  // Makes (i, k) the most recent position.
+  void remember(std::size_t i, std::size_t k) const noexcept {
+    const auto v = static_cast<std::uint32_t>((i << kHintPosBits) | k);
+    if (v != hint(0)) hint_ = (hint_ << 32) | v;
+  }
   static Node* reverse(Node* list) noexcept;
   static Node* sortByStart(Node* list) noexcept;
 
@@ -427,7 +473,7 @@ class Index {
   // 40 bytes: the cache keeps them on the cache line its hit path reads.
   std::atomic<TopT*> top_{&empty_.top};
   Node* unindex_ = nullptr;  // queued for purge: invalid, entry still in a leaf
-  bool dirty_ = false;       // unindex_ is not empty
+  mutable std::uint64_t hint_ = 0;  // writers' last two positions, the latest in the low half
   Reclaimer* reclaimer_;
   std::uint64_t insertions_ = 0;
 };

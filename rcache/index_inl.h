@@ -9,9 +9,10 @@ template <typename Node>
 template <typename F>
 void Index<Node>::forEachOverlap(std::uintptr_t start, std::uintptr_t end, F f) const noexcept {
   const TopT* top = current();
-  std::size_t i = top->leafForW(start);
+  std::size_t i = leafAt(start);
   const LeafT* leaf = top->leaf(i);
-  std::size_t k = leaf->upper(start);
+  std::size_t k = upperIn(i, leaf, start, leaf->count());
+  remember(i, k);
   if (k != 0) {
     --k;  // the floor entry; it overlaps if it reaches past start
     if (leaf->entry(k).end <= start) ++k;
@@ -89,7 +90,11 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
   if (!isEmptyLeaf(old)) {
     // Entries below the first one dropped stay where they are: start from there (a binary search;
     // the list is sorted).
-    const std::size_t first = drop != nullptr ? old->lower(drop->start()) : size;
+    std::size_t first = size;
+    if (drop != nullptr) {  // Leaf::lower(): starts are unique (the entries are disjoint)
+      first = upperIn(i, old, drop->start(), size);
+      if (first != 0 && old->startAt(first - 1) == drop->start()) --first;
+    }
     std::size_t n = size + (add != nullptr ? 1 : 0);
     const Node* d = drop;
     for (std::size_t k = first; k < size && d != nullptr; ++k) {
@@ -110,11 +115,12 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
         ++j;
       }
       if (add != nullptr) {
-        const std::size_t p = old->upper(add->start(), j);
+        const std::size_t p = upperIn(i, old, add->start(), j);
         for (std::size_t k = j; k > p; --k) old->set(k, old->entry(k - 1));
         old->set(p, Entry{add->start(), add->end(), add});
         ++j;
         add->in_index_ = true;
+        remember(i, p + 1);  // where the invalidation of `add` will look
       }
       old->setCount(j);
       old->endEdit();
@@ -276,7 +282,7 @@ bool Index<Node>::purge() noexcept {
   while (list != nullptr) {
     // The regions of one leaf: those whose start is at or above its key (in ascending order).
     const TopT* top = current();
-    const std::size_t i = top->leafForW(list->start());
+    const std::size_t i = leafAt(list->start());
     const std::uintptr_t key = top->slots()[i].key;
     Node* last = list;
     while (last->next_unindex_ != nullptr && last->next_unindex_->start() >= key) {
@@ -301,7 +307,6 @@ bool Index<Node>::purge() noexcept {
     }
   }
   unindex_ = retry;
-  dirty_ = retry != nullptr;
   return retry == nullptr;
 }
 
@@ -313,7 +318,7 @@ bool Index<Node>::insert(Node* r) noexcept {
     forEachOverlap(r->start(), r->end(), [&](const Entry&) { clear = false; });
     if (!clear) return false;
   }
-  return rewriteLeaf(current()->leafForW(r->start()), r, nullptr);
+  return rewriteLeaf(leafAt(r->start()), r, nullptr);
 }
 
 }  // namespace gmd::rcache::detail
