@@ -202,6 +202,80 @@ TEST_F(IndexTest, RandomInsertionsAndPurgesKeepTheInvariants) {
   EXPECT_EQ(floor(UINTPTR_MAX), nullptr);
 }
 
+// The writers' searches start from the positions the last ones found (the miss cycle: walk, purge,
+// insert, walk again). Each step here leaves such a position behind and the next one makes it stale
+// in its own way (an entry inserted or purged before it in the same leaf, a split, a merge, a new
+// top): every walk must still visit exactly the overlapping entries, every insertion land in order.
+TEST_F(IndexTest, WritersRememberedPositionsNeverMisleadThemWhenLeavesChange) {
+  std::mt19937 rng(7);
+  for (std::uintptr_t p = 0; p < 4 * 3000; p += 4) insert(make(p, 1));  // [p, p+1), gaps of three
+  std::vector<Node*> live;
+  for (auto& [s, n] : model_) live.push_back(n);
+  auto walk = [&](std::uintptr_t s, std::uintptr_t len) {
+    std::vector<Node*> got, want;
+    index_->forEachOverlap(s * kPage, (s + len) * kPage,
+                           [&](const TestIndex::Entry& e) { got.push_back(e.region); });
+    for (auto it = model_.upper_bound(s * kPage); it != model_.begin();) {  // the floor entry
+      --it;
+      if (it->second->e > s * kPage) want.push_back(it->second);
+      break;
+    }
+    for (auto it = model_.upper_bound(s * kPage); it != model_.end() && it->first < (s + len) * kPage;
+         ++it) {
+      want.push_back(it->second);
+    }
+    EXPECT_EQ(got, want) << "[" << s << ", +" << len << ") pages";
+  };
+  for (int step = 0; step < 4000; ++step) {
+    const std::uintptr_t at = rng() % (4 * 3000 + 8);
+    walk(at, 1);
+    switch (rng() % 4) {
+      case 0: {  // a purge before the remembered position, then an insertion at it
+        Node* victim = live[rng() % live.size()];
+        if (victim->in_index_ && model_.count(victim->s) != 0) remove(victim);
+        if (model_.count(at * kPage) == 0 && (model_.empty() || [&] {
+              auto it = model_.upper_bound(at * kPage);
+              return (it == model_.end() || it->first >= (at + 1) * kPage) &&
+                     (it == model_.begin() || std::prev(it)->second->e <= at * kPage);
+            }())) {
+          Node* n = make(at, 1);
+          insert(n);
+          live.push_back(n);
+        } else {
+          ASSERT_TRUE(index_->purge());
+        }
+        break;
+      }
+      case 1: {  // a burst that empties leaves (merges, a new top)
+        auto it = model_.lower_bound(at * kPage);
+        for (int k = 0; k < 60 && it != model_.end(); ++k) {
+          Node* n = (it++)->second;
+          remove(n);
+        }
+        ASSERT_TRUE(index_->purge());
+        break;
+      }
+      case 2: {  // insertions just below the remembered position (shift it; split its leaf)
+        for (std::uintptr_t p = at; p > 0 && p + 80 > at; --p) {
+          if (model_.count(p * kPage) != 0 || model_.count((p - 1) * kPage) != 0 ||
+              model_.count((p + 1) * kPage) != 0) {
+            continue;
+          }
+          Node* n = make(p, 1);
+          insert(n);
+          live.push_back(n);
+        }
+        break;
+      }
+      default:
+        break;
+    }
+    walk(at, 1 + rng() % 40);
+    if (step % 250 == 0) checkStructure();
+  }
+  checkStructure();
+}
+
 TEST_F(IndexTest, QueuePurgeOfAnUnindexedNodeDoesNothing) {
   Node* a = make(1, 1);
   index_->queuePurge(a);
