@@ -3,8 +3,8 @@
 # with GMD_MPI_TLS=default: UCX's own selection): the two-rank remap exchange test. Rank 0 uses the
 # first RDMA device, rank 1 the last (rxe0 and rxe1 in the soft-RoCE VM). Passes when the program
 # verified every byte and gmd's counters show registration-cache hits (unless GMD_MPI_NEED_HITS=0:
-# with sm in UCX_TLS, or UCX_TLS unset, both ranks of one host may move everything through shared
-# memory).
+# with sm in UCX_TLS both ranks of one host may move everything through shared memory). With UCX_TLS
+# unset, UCX_SHM_DEVICES set empty leaves UCP the network transports, as between two hosts.
 # Usage: mpi_check.sh PATH/TO/libuct_gmd.so PATH/TO/gmd_mpi_remap_exchange [PROGRAM ARGS...]
 set -u
 if [[ ${1:-} == --rank ]]; then
@@ -31,6 +31,8 @@ if [[ ${GMD_MPI_TLS:-} == default ]]; then
 else
   export UCX_TLS=${UCX_TLS:-gmd_rc,tcp,self}
 fi
+# UCX_SHM_DEVICES set and empty: no shared-memory transport, as between ranks on two hosts.
+[[ -v UCX_SHM_DEVICES ]] && tls_env+=(-x UCX_SHM_DEVICES)
 out=$(timeout 600 mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ucx \
         --mca pml_ucx_tls any --mca pml_ucx_devices any --mca btl self \
         -x LD_PRELOAD "${tls_env[@]}" -x UCX_GMD_PRINT_STATS \
