@@ -454,6 +454,59 @@ TEST_P(GmdRcAmSmallQueue, PendingRequestsGoBeforeLaterOperations) {
   }
 }
 
+// UCP queues an endpoint flush that found no resources as a pending request whose callback calls
+// uct_ep_flush again. Dispatched, that request is the head of the queue: the flush must go on, not
+// be refused as "behind the queue" (it was, and nothing ever called the request again: the flush
+// and everything queued after it hung).
+TEST_P(GmdRcAmSmallQueue, FlushQueuedAsPendingRequestCompletes) {
+  ASSERT_EQ(8, bcopy(ep_, 0, 8));  // connected
+  ASSERT_TRUE(receivedAtLeast(rx_, 1));
+  ASSERT_TRUE(progressUntil([&] { return uct_iface_flush(init_.iface, 0, nullptr) == UCS_OK; }));
+  std::uint64_t seq = 0;
+  while (uct_ep_am_short(ep_, kAmId, seq, nullptr, 0) == UCS_OK) ++seq;  // the window
+  ASSERT_GT(seq, 0u);
+  struct Req {
+    uct_pending_req_t req;  // first
+    uct_ep_h ep;
+    Comp comp;
+    int calls = 0;
+    bool done = false;  // the flush completed at once or was accepted with its completion
+  };
+  auto flushReq = [](uct_pending_req_t* self) -> ucs_status_t {
+    auto* me = reinterpret_cast<Req*>(self);
+    ++me->calls;
+    const ucs_status_t st = uct_ep_flush(me->ep, 0, &me->comp.c);
+    if (st == UCS_ERR_NO_RESOURCE) return st;
+    EXPECT_TRUE(st == UCS_OK || st == UCS_INPROGRESS) << ucs_status_string(st);
+    if (st == UCS_OK) ++me->comp.calls;
+    me->done = true;
+    return UCS_OK;
+  };
+  Req flush;
+  flush.req.func = flushReq;
+  flush.ep = ep_;
+  ASSERT_EQ(UCS_OK, uct_ep_pending_add(ep_, &flush.req, 0));
+  // A second request behind it: the queue goes on after the flush.
+  struct Send {
+    uct_pending_req_t req;  // first
+    uct_ep_h ep;
+    bool sent = false;
+  } after{{}, ep_};
+  after.req.func = [](uct_pending_req_t* self) -> ucs_status_t {
+    auto* me = reinterpret_cast<Send*>(self);
+    const ucs_status_t st = uct_ep_am_short(me->ep, kAmId, 999, nullptr, 0);
+    if (st == UCS_OK) me->sent = true;
+    return st;
+  };
+  ASSERT_EQ(UCS_OK, uct_ep_pending_add(ep_, &after.req, 0));
+  EXPECT_TRUE(progressUntil([&] { return flush.comp.calls > 0 && after.sent; }, 20))
+      << "flush request called " << flush.calls << " times, accepted " << flush.done
+      << ", completed " << flush.comp.calls << "; the request behind it sent " << after.sent;
+  EXPECT_EQ(1, flush.comp.calls);
+  EXPECT_EQ(UCS_OK, flush.comp.last);
+  ASSERT_TRUE(receivedAtLeast(rx_, seq + 2));
+}
+
 // Three senders (three ifaces) to one receiver: no loss, no stall, each sender's messages in order.
 TEST_P(GmdRcAmSmallQueue, ThreeSendersOneReceiverLoseNothing) {
   constexpr int kSenders = 3, kEach = 700;

@@ -230,8 +230,10 @@ ucs_status_t Ep::flush(unsigned flags, uct_completion_t* comp) noexcept {
       ibv_modify_qp(qp_, &a, IBV_QP_STATE);
       if (fail(UCS_ERR_CANCELED)) error_reported_ = true;  // the caller asked for it
     }
-  } else if (!pending_.empty() && state_ != State::kFailed) {
-    return UCS_ERR_NO_RESOURCE;  // a failed endpoint never dispatches them: they are purged
+  } else if (!pending_.empty() && !dispatching_ && state_ != State::kFailed) {
+    // Behind the queue (a failed endpoint never dispatches it: it is purged). A flush that a
+    // dispatched request calls (UCP queues its flushes) is at the head of the queue: it goes on.
+    return UCS_ERR_NO_RESOURCE;
   }
   if (inflight_ == 0) return UCS_OK;
   if (state_ == State::kReady && unsignaledTail() && postNop(false) != UCS_INPROGRESS) {

@@ -194,9 +194,15 @@ unsigned Iface::dispatchPending() noexcept {
     // again while there is room, at most a send queue's worth of times before the next endpoint.
     std::size_t partial = ep->ring_.size();
     while (!ep->pending_.empty()) {
-      // Out of credits: a completion reschedules it; connecting: connectionReady() does; failed:
-      // the user purges.
-      if (!ep->canPost()) break;
+      // Out of credits: a completion or a credit grant reschedules it (short of iface-wide send
+      // credits or bounce buffers: marked starved, so the next completions wake it, whichever
+      // endpoint's they are); connecting: connectionReady() does; failed: the user purges.
+      if (!ep->canPost()) {
+        if (ep->state_ == Ep::State::kReady) {
+          starved(ep->need_bounce_ && bounce_.available() == 0);
+        }
+        break;
+      }
       uct_pending_req_t* req = ep->pending_.front();
       ep->dispatching_ = true;  // its operations may post though the queue is not empty
       const ucs_status_t st = req->func(req);
@@ -210,6 +216,9 @@ unsigned Iface::dispatchPending() noexcept {
         ++n;
         if (--partial == 0) break;
       } else {
+        // Refused though the endpoint could post (the request needed something canPost() does not
+        // see): it stays scheduled, or nothing would ever call it again.
+        keep = st == UCS_ERR_NO_RESOURCE && ep->canPost();
         break;
       }
     }
