@@ -17,23 +17,14 @@
 set -u
 plugin=$1
 prog=$2
-ulimit -l unlimited 2>/dev/null
-devs=($(ls /sys/class/infiniband 2>/dev/null))
-((${#devs[@]} > 0)) || { echo "FAIL: no RDMA devices"; exit 1; }
-sdev=${devs[0]}:1
-cdev=${devs[-1]}:1
-nd=$(rdma link show "${devs[0]}/1" 2>/dev/null | sed -n 's/.*netdev \([^ ]*\).*/\1/p')
-sip=$(ip -4 -o addr show dev "${nd:-none}" 2>/dev/null | awk '{ sub("/.*", "", $4); print $4; exit }')
-sip=${sip:-127.0.0.1}
+source "$(dirname "${BASH_SOURCE[0]}")/perftest_server.sh"
+perftest_setup || exit 1
 port=14437
 fail=0
-source "$(dirname "${BASH_SOURCE[0]}")/perftest_server.sh"
 work=$(mktemp -d) || { echo "FAIL: mktemp"; exit 1; }
 pids=()
 trap 'kill -9 "${pids[@]}" 2>/dev/null; rm -rf "$work"' EXIT
 cd "$work" || exit 1
-mpi_off=()
-ucx_perftest -h 2>&1 | grep -q -- '-P <0|1>' && mpi_off=(-P 0)
 export LD_PRELOAD=$plugin UCX_TLS=gmd_rc,self
 
 info=$(UCX_TLS=gmd_rc UCX_NET_DEVICES=$sdev timeout 120 ucx_info -e -u te 2>&1)
