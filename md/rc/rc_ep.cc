@@ -230,9 +230,9 @@ ucs_status_t Ep::flush(unsigned flags, uct_completion_t* comp) noexcept {
       ibv_modify_qp(qp_, &a, IBV_QP_STATE);
       if (fail(UCS_ERR_CANCELED)) error_reported_ = true;  // the caller asked for it
     }
-  } else if (!pending_.empty() && !dispatching_ && state_ != State::kFailed) {
-    // Behind the queue (a failed endpoint never dispatches it: it is purged). A flush that a
-    // dispatched request calls (UCP queues its flushes) is at the head of the queue: it goes on.
+  } else if (state_ != State::kFailed && queuedBehindPending()) {
+    // Behind the queue, as every operation (a failed endpoint never dispatches it: it is purged).
+    // A flush that a dispatched request calls (UCP queues its flushes) goes on.
     return UCS_ERR_NO_RESOURCE;
   }
   if (inflight_ == 0) return UCS_OK;
