@@ -204,7 +204,10 @@ __attribute__((noinline)) RegionImpl* CacheImpl::fastHit(std::uintptr_t start, s
   bool hit = false;
   std::uint64_t prev = 0;
   RegionImpl* r = nullptr;
-  if (index_.top()->floor(start, &e) && e.region != nullptr && e.end >= end) {
+  std::uint64_t pos = slot->read_pos.load(std::memory_order_relaxed);
+  const bool found = index_.top()->floor(start, &e, &pos);
+  slot->read_pos.store(pos, std::memory_order_relaxed);
+  if (found && e.region != nullptr && e.end >= end) {
     r = e.region;
     hit = (resolver == nullptr ? (r->access() & access) == access : r->serves(access, *resolver)) &&
           r->tryAcquire(&prev);
@@ -285,6 +288,9 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
   {
     WriterGuard g(lock_);
     applyQueued_locked();
+    // The walk starts where our failed lookup ended, if that still answers it (the lookup left
+    // the leaf and its lines in our cache; in a big cache the search is most of a walk).
+    if (ReaderSlot* slot = mySlot()) index_.suggest(slot->read_pos.load(std::memory_order_relaxed));
     // One walk over the entries overlapping the request: the one covering it (a hit: another
     // thread registered it since our lookup) and, rule 3, the union of the valid ones of the same
     // kind, which the new registration covers.

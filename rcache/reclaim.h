@@ -52,6 +52,9 @@ struct alignas(kCacheLine) ReaderSlot {
   std::atomic<std::int64_t> unused_delta{
       0};                                 // owner only; flushed to the shared counter past a bound
   std::atomic<std::uint64_t> lru_seq{0};  // owner only: this thread's last release tick
+  // Owner only: where this thread's last lookup ended in the cache's index (a ReadPos of
+  // rcache/index.h; only ever a guess, checked before use).
+  std::atomic<std::uint64_t> read_pos{~std::uint64_t{0}};
 };
 
 // The reader slots of one cache and its global epoch. Slots are allocated in chunks on first use

@@ -206,8 +206,21 @@ TEST_F(IndexTest, RandomInsertionsAndPurgesKeepTheInvariants) {
 // insert, walk again). Each step here leaves such a position behind and the next one makes it stale
 // in its own way (an entry inserted or purged before it in the same leaf, a split, a merge, a new
 // top): every walk must still visit exactly the overlapping entries, every insertion land in order.
-TEST_F(IndexTest, WritersRememberedPositionsNeverMisleadThemWhenLeavesChange) {
+// Positions are only guesses: the readers' (Top::floor() keeps one per thread) and the writers'
+// (the last two they found, and one a reader suggests) go stale with every edit, split, merge and
+// new top. Each lookup and walk here starts from one that such changes made stale, or from a
+// random one, and must still find exactly what the model holds.
+TEST_F(IndexTest, RememberedPositionsOfReadersAndWritersNeverMisleadThemWhenLeavesChange) {
   std::mt19937 rng(7);
+  std::uint64_t reader_pos = ReadPos::kNone;  // one reader's position, kept across every change
+  auto readerFloor = [&](std::uintptr_t page, std::uint64_t* pos) {
+    const std::uintptr_t addr = page * kPage + 5;
+    TestIndex::Entry e{};
+    ASSERT_TRUE(index_->top()->floor(addr, &e, pos)) << "no writer edits the leaf";
+    auto it = model_.upper_bound(addr);
+    Node* want = it == model_.begin() ? nullptr : std::prev(it)->second;
+    EXPECT_EQ(e.region, want) << "floor of page " << page;
+  };
   for (std::uintptr_t p = 0; p < 4 * 3000; p += 4) insert(make(p, 1));  // [p, p+1), gaps of three
   std::vector<Node*> live;
   for (auto& [s, n] : model_) live.push_back(n);
@@ -228,6 +241,10 @@ TEST_F(IndexTest, WritersRememberedPositionsNeverMisleadThemWhenLeavesChange) {
   };
   for (int step = 0; step < 4000; ++step) {
     const std::uintptr_t at = rng() % (4 * 3000 + 8);
+    readerFloor(at, &reader_pos);  // from where the last step's lookup ended, before its changes
+    std::uint64_t garbage = (std::uint64_t{rng()} << 32) | rng() % 70;
+    readerFloor(at + rng() % 3, &garbage);
+    index_->suggest(rng() % 2 != 0 ? reader_pos : (std::uint64_t{rng() % 400} << 32) | rng() % 70);
     walk(at, 1);
     switch (rng() % 4) {
       case 0: {  // a purge before the remembered position, then an insertion at it
@@ -270,6 +287,7 @@ TEST_F(IndexTest, WritersRememberedPositionsNeverMisleadThemWhenLeavesChange) {
       default:
         break;
     }
+    readerFloor(at + rng() % 2, &reader_pos);
     walk(at, 1 + rng() % 40);
     if (step % 250 == 0) checkStructure();
   }
@@ -335,16 +353,22 @@ TEST_F(IndexTest, ConcurrentReadersSeeEveryStableEntryWhileLeavesAreEditedInPlac
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> lookups{0}, busy{0}, wrong{0};
   std::atomic<int> started{0};
-  auto reader = [&](unsigned seed) {
+  // Reader 1 keeps its position across lookups, as the cache's readers do, and looks up the same
+  // or a neighbouring page half of the time (its position then often answers, or just went
+  // stale); reader 2 searches every time.
+  auto reader = [&](unsigned seed, bool keep_position) {
     std::mt19937 rng(seed);
     started.fetch_add(1);
     std::uint64_t n = 0;
+    std::uint64_t pos = ReadPos::kNone;
+    std::uintptr_t i = 0;
     while (!stop.load(std::memory_order_relaxed)) {
-      const std::uintptr_t i = rng() % kStable;
+      i = keep_position && (rng() & 1) != 0 ? (i + rng() % 2) % kStable : rng() % kStable;
       const bool on_churn = (rng() & 1) != 0;
       const std::uintptr_t page = 4 * i + (on_churn ? 2 : 0);
       TestIndex::Entry e{};
-      if (!index_->top()->floor(page * kPage + 5, &e)) {
+      if (!keep_position) pos = ReadPos::kNone;
+      if (!index_->top()->floor(page * kPage + 5, &e, &pos)) {
         busy.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
@@ -356,7 +380,7 @@ TEST_F(IndexTest, ConcurrentReadersSeeEveryStableEntryWhileLeavesAreEditedInPlac
     }
     lookups.fetch_add(n, std::memory_order_relaxed);
   };
-  std::thread r1(reader, 1), r2(reader, 2);
+  std::thread r1(reader, 1, true), r2(reader, 2, false);
   while (started.load() != 2) std::this_thread::yield();
   std::mt19937 rng(7);
   std::vector<Node*> in;  // churned entries now indexed
