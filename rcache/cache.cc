@@ -67,7 +67,7 @@ CacheImpl::~CacheImpl() {
     const std::size_t n = leaf->count();
     for (std::size_t k = 0; k < n; ++k) {
       RegionImpl* r = leaf->entry(k).region;
-      const std::uint64_t s = r->state_.load(std::memory_order_acquire);
+      const std::uint32_t s = r->state_.load(std::memory_order_acquire);
       if ((s & kInvalid) != 0) continue;  // owned by a holder (a contract breach) or a zombie
       if ((s & kHolderMask) != 0) ++held;
       deregister(r);
@@ -76,7 +76,7 @@ CacheImpl::~CacheImpl() {
     IndexT::releaseLeaf(leaf);
   }
   for (RegionImpl* z = zombies_; z != nullptr;) {
-    RegionImpl* next = z->next_dead_;
+    RegionImpl* next = z->nextDead();
     freeRegion(z);
     z = next;
   }
@@ -242,9 +242,11 @@ void CacheImpl::put(Region* region) noexcept {
   ReaderSlot* slot = mySlot();
   r->last_used_.store(releaseTick(slot), std::memory_order_relaxed);
   // Read before the hold is dropped: once it is, an unused valid region may be evicted and freed
-  // by another thread at any moment.
-  const bool orphan = r->fork_gen_ != fork_gen_.load(std::memory_order_relaxed);
-  const std::uint64_t prev = r->state_.fetch_sub(1, std::memory_order_acq_rel);
+  // by another thread at any moment. Until a fork() every region is of generation 0, and put()
+  // reads only the region's own line.
+  const std::uint32_t gen = fork_gen_.load(std::memory_order_relaxed);
+  const bool orphan = gen != 0 && r->forkGen() != gen;
+  const std::uint32_t prev = r->state_.fetch_sub(1, std::memory_order_acq_rel);
   if (__builtin_expect((prev & kHolderMask) == 1, 1)) {
     // The last holder. A valid region stays cached (unused); an invalid one is ours to deregister.
     // A region from before a fork() (in the child) is an orphan: out of every index, left alone.
@@ -394,8 +396,7 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
     log(LogLevel::kDebug, kModule, "no memory for a region");
     return Status::kNoMemory;
   }
-  nr->fork_gen_ = fork_gen_.load(std::memory_order_relaxed);
-  Retired* freeable = nullptr;
+  Reclaimed freeable;
   {
     WriterGuard g(lock_);
     bump(misses_, std::uint64_t{1});
@@ -488,7 +489,7 @@ void CacheImpl::applyQueued_locked(bool wait) noexcept {
 // Returns false if it already was. An unused region goes to the dead list; a held one is
 // deregistered by its last put(). Never allocates (invalidate() calls it).
 bool CacheImpl::markInvalid_locked(RegionImpl* r, DoomReason why) noexcept {
-  const std::uint64_t prev = r->state_.fetch_or(kInvalid, std::memory_order_acq_rel);
+  const std::uint32_t prev = r->state_.fetch_or(kInvalid, std::memory_order_acq_rel);
   if ((prev & kInvalid) != 0) return false;
   leaveIndex_locked(r);
   if ((prev & kHolderMask) == 0) {
@@ -538,7 +539,7 @@ void CacheImpl::doomUnused_locked(RegionImpl* r, DoomReason why) noexcept {
 // Dead regions, reclamation
 
 void CacheImpl::pushDead_locked(RegionImpl* r) noexcept {
-  r->next_dead_ = dead_;
+  r->nextDead() = dead_;
   dead_ = r;
   setWork_locked(true);
 }
@@ -560,42 +561,47 @@ void CacheImpl::setWork_locked(bool on) noexcept {
   }
 }
 
-// `list` (linked by next_dead_) is deregistered. Once no leaf holds them they are retired; those
-// whose leaf cannot be rewritten now (no memory) wait on zombies_ for the next pass.
+// `list` (linked by nextDead()) is deregistered. Once no leaf holds them they are retired (their
+// companion record: a retired region is on no list and out of the index's purge list, as
+// in_index_ is false); those whose leaf cannot be rewritten now (no memory) wait on zombies_ for
+// the next pass.
 void CacheImpl::retireRegions_locked(RegionImpl* list) noexcept {
   bool indexed = false;
-  for (RegionImpl* r = list; r != nullptr; r = r->next_dead_) indexed = indexed || r->in_index_;
+  for (RegionImpl* r = list; r != nullptr; r = r->nextDead()) indexed = indexed || r->in_index_;
   if (indexed) index_.purge();
   for (RegionImpl* r = list; r != nullptr;) {
-    RegionImpl* next = r->next_dead_;
+    RegionImpl* next = r->nextDead();
     if (r->in_index_) {
-      r->next_dead_ = zombies_;
+      r->nextDead() = zombies_;
       zombies_ = r;
       setWork_locked(true);
     } else {
-      reclaim_.retire(r);
+      reclaim_.retire(r->retireRecord());
     }
     r = next;
   }
 }
 
-void CacheImpl::freeList(Retired* list) noexcept {
-  BlockPool<sizeof(RegionImpl), alignof(RegionImpl)>::Chain regions;  // one pool lock for all
-  while (list != nullptr) {
-    Retired* next = list->next_retired;
-    if (!IndexT::freeRetired(list)) {
-      auto* r = static_cast<RegionImpl*>(list);
-      r->~RegionImpl();
-      regions.add(r);
-    }
-    list = next;
+void CacheImpl::freeList(Reclaimed list) noexcept {
+  for (Retired* x = list.objects; x != nullptr;) {
+    Retired* next = x->next_retired;
+    (void)IndexT::freeRetired(x);  // only leaves and tops retire as objects
+    x = next;
+  }
+  RegionPool::Chain regions;  // one pool lock for all
+  for (RetiredRecord* rec = list.records; rec != nullptr;) {
+    RetiredRecord* next = rec->next;
+    RegionImpl* r = RegionImpl::ofRecord(rec);
+    r->~RegionImpl();
+    regions.add(r);
+    rec = next;
   }
   region_pool_.release(regions);
 }
 
 // A registration made before a fork() is the parent's: the child never deregisters it.
 void CacheImpl::deregister(RegionImpl* r) noexcept {
-  if (r->fork_gen_ == fork_gen_.load(std::memory_order_relaxed))
+  if (r->forkGen() == fork_gen_.load(std::memory_order_relaxed))
     r->backend()->dereg(r->registration());
 }
 
@@ -604,7 +610,7 @@ void CacheImpl::deregister(RegionImpl* r) noexcept {
 __attribute__((noinline)) void CacheImpl::finishWork(bool force_collect) noexcept {
   for (;;) {
     RegionImpl* dead;
-    Retired* freeable;
+    Reclaimed freeable;
     {
       WriterGuard g(lock_);
       applyQueued_locked();
@@ -620,7 +626,7 @@ __attribute__((noinline)) void CacheImpl::finishWork(bool force_collect) noexcep
     }
     freeList(freeable);
     if (dead == nullptr) return;
-    for (RegionImpl* r = dead; r != nullptr; r = r->next_dead_) deregister(r);
+    for (RegionImpl* r = dead; r != nullptr; r = r->nextDead()) deregister(r);
     {
       WriterGuard g(lock_);
       applyQueued_locked();
@@ -635,12 +641,12 @@ __attribute__((noinline)) void CacheImpl::finishWork(bool force_collect) noexcep
 
 __attribute__((noinline)) void CacheImpl::releaseInvalid(RegionImpl* r) noexcept {
   r->backend()->dereg(r->registration());
-  Retired* freeable;
+  Reclaimed freeable;
   {
     WriterGuard g(lock_);
     bump(regions_, std::int64_t{-1});
     bump(pinned_, -static_cast<std::int64_t>(r->length()));
-    r->next_dead_ = nullptr;
+    r->nextDead() = nullptr;
     retireRegions_locked(r);
     freeable = reclaim_.collect(false);
   }

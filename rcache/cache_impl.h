@@ -28,30 +28,58 @@
 
 namespace gmd::rcache::detail {
 
-// State word of a region: holders in the low 32 bits, flags above.
-inline constexpr std::uint64_t kHolderMask = 0xffffffffull;
-inline constexpr std::uint64_t kInvalid = 1ull << 32;  // out of the index; never handed out again
+// State word of a region: holders in the low 31 bits, the invalid flag above.
+inline constexpr std::uint32_t kHolderMask = 0x7fffffffu;
+inline constexpr std::uint32_t kInvalid = 1u << 31;  // out of the index; never handed out again
 
 enum class DoomReason : std::uint8_t { kInvalidated, kMerged, kEvicted, kStale };
 
-class alignas(kCacheLine) RegionImpl final : public Region, public Retired {
+class RegionImpl;
+
+// A region's companion record (block_pool.h): the fields only writers and cold paths use, 16 bytes
+// beside the region's cache line, four to a line. Two lifetimes share them: `live` until the
+// region retires (it is then off every list of the cache and the index, and out of the heap),
+// `retired` after.
+struct RegionCold {
+  struct Live {
+    // Guarded by lock_: the dead_ / zombies_ list, or evictOne_locked()'s skip list.
+    RegionImpl* next_dead = nullptr;
+    std::uint32_t heap_pos = 0;  // position in CacheImpl::lru_ (lru_heap.h)
+    std::uint32_t fork_gen = 0;  // the cache's fork generation when registered (set once)
+  };
+  union {
+    Live live{};
+    RetiredRecord retired;  // reclaim.h: from retirement until the region is freed
+  };
+};
+static_assert(sizeof(RegionCold) == 16);
+
+// Every region is one cache line of its pool, its companion record found by arithmetic.
+using RegionPool = BlockPool<kCacheLine, kCacheLine, sizeof(RegionCold)>;
+
+// One cache line: what the hit path and put() touch (the Region's immutable fields, the state
+// word, the release tick) and the index's two writer-only members, so that one region's hit or
+// put() loads one line, and different regions' state words never share one. The rest lives in
+// the companion record (cold()).
+class alignas(kCacheLine) RegionImpl final : public Region {
  public:
-  RegionImpl(Range range, unsigned access, MemType type, Backend* backend,
-             const Registration& reg) noexcept {
+  RegionImpl(Range range, unsigned access, MemType type, Backend* backend, const Registration& reg,
+             std::uint32_t fork_gen) noexcept {
     start_ = range.start;
     end_ = range.end;
-    access_ = access;
+    access_ = static_cast<std::uint8_t>(access);
     mem_type_ = type;
     backend_ = backend;
     reg_ = reg;
-    kind = 0;
-    bytes = sizeof(RegionImpl);
+    RegionCold* c = new (RegionPool::companion(this)) RegionCold;
+    c->live.heap_pos = kNotInHeap;
+    c->live.fork_gen = fork_gen;
   }
   ~RegionImpl() = default;
 
   // Take a reference unless the region is invalid. *prev_holders receives the count before.
   bool tryAcquire(std::uint64_t* prev_holders) noexcept {
-    std::uint64_t s = state_.load(std::memory_order_relaxed);
+    std::uint32_t s = state_.load(std::memory_order_relaxed);
     do {
       if ((s & kInvalid) != 0 || (s & kHolderMask) == kHolderMask) return false;
     } while (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acquire,
@@ -66,17 +94,38 @@ class alignas(kCacheLine) RegionImpl final : public Region, public Retired {
             (mem_type_ == resolver.fixedType() && backend_ == resolver.fixedBackend()));
   }
 
-  std::atomic<std::uint64_t> state_{1};      // created held by its requester
+  RegionCold* cold() const noexcept {
+    return static_cast<RegionCold*>(RegionPool::companion(const_cast<RegionImpl*>(this)));
+  }
+  // The region whose companion holds `rec` (a retired region).
+  static RegionImpl* ofRecord(RetiredRecord* rec) noexcept {
+    return static_cast<RegionImpl*>(RegionPool::blockOf(rec));
+  }
+  // Writers (lock_): the heap's member (lru_heap.h) and the dead-list link, in the companion.
+  std::uint32_t& heapPos() const noexcept { return cold()->live.heap_pos; }
+  RegionImpl*& nextDead() const noexcept { return cold()->live.next_dead; }
+  std::uint32_t forkGen() const noexcept { return cold()->live.fork_gen; }
+  // Its companion's second life: the record the retire list links (reclaim.h).
+  RetiredRecord* retireRecord() noexcept {
+    RegionCold* c = cold();
+    c->retired = RetiredRecord{};
+    return &c->retired;
+  }
+
+  // The index's members (index.h), guarded by lock_: an entry of the published index points here;
+  // the purge list (invalid, entry still in a leaf).
+  bool in_index_ = false;
+  std::atomic<std::uint32_t> state_{1};  // created held by its requester
+  RegionImpl* next_unindex_ = nullptr;
   std::atomic<std::uint64_t> last_used_{0};  // release tick (see CacheImpl::releaseTick)
-  std::uint32_t fork_gen_ = 0;               // the cache's fork generation when registered
-  // Guarded by lock_:
-  std::uint32_t heap_pos_ = kNotInHeap;  // position in CacheImpl::lru_ (valid indexed regions)
-  RegionImpl* next_dead_ = nullptr;      // dead_ / zombies_ list, or evictOne_locked()'s skip list
-  RegionImpl* next_unindex_ = nullptr;   // the index's purge list: invalid, entry still in a leaf
-  bool in_index_ = false;                // an entry of the published index points here
 };
 
-static_assert(sizeof(RegionImpl) == 2 * kCacheLine);
+static_assert(sizeof(RegionImpl) == kCacheLine && alignof(RegionImpl) == kCacheLine,
+              "a region is one cache line (its state word shares it with no other region)");
+// 51 regions and their records to a 4 KiB span, nothing spare but malloc's header: 80.3 bytes each.
+static_assert(RegionPool::kPerSpan * (sizeof(RegionImpl) + sizeof(RegionCold)) +
+                  RegionPool::kLeadBytes ==
+              RegionPool::kSpanBytes);
 
 // Adds `d` to a counter that only writers (under lock_) or a single owner modify; readers may load.
 template <typename T>
@@ -183,11 +232,13 @@ class CacheImpl final : public Cache {
   void finishWork(bool force_collect = false) noexcept;
   void releaseInvalid(RegionImpl* r) noexcept;
   void deregister(RegionImpl* r) noexcept;
-  void freeList(Retired* list) noexcept;
+  void freeList(Reclaimed list) noexcept;
   RegionImpl* newRegion(Range range, unsigned access, MemType type, Backend* backend,
                         const Registration& reg) noexcept {
     void* p = region_pool_.allocate();
-    return p != nullptr ? new (p) RegionImpl(range, access, type, backend, reg) : nullptr;
+    return p != nullptr ? new (p) RegionImpl(range, access, type, backend, reg,
+                                             fork_gen_.load(std::memory_order_relaxed))
+                        : nullptr;
   }
   void freeRegion(RegionImpl* r) noexcept {
     r->~RegionImpl();
@@ -209,7 +260,7 @@ class CacheImpl final : public Cache {
   alignas(kCacheLine) WriterLock lock_;
   InvalidationQueue queue_;
 
-  BlockPool<sizeof(RegionImpl), alignof(RegionImpl)> region_pool_;  // every RegionImpl
+  RegionPool region_pool_;  // every RegionImpl and its companion record
 
   // Guarded by lock_.
   RegionImpl* dead_ = nullptr;     // unused invalid regions waiting for deregistration

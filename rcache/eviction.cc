@@ -9,19 +9,19 @@ namespace gmd::rcache::detail {
 // Held regions are set aside and come back keyed by the current clock: they are released later.
 // Costs O(log n), plus O(log n) per held region met on the way.
 bool CacheImpl::evictOne_locked() noexcept {
-  RegionImpl* skipped = nullptr;  // linked by next_dead_ (valid regions are on no dead list)
+  RegionImpl* skipped = nullptr;  // linked by nextDead() (valid regions are on no dead list)
   bool evicted = false;
   while (lru_.size() != 0) {
     const LruHeap<RegionImpl>::Item top = lru_.top();
     RegionImpl* r = top.region;
-    const std::uint64_t state = r->state_.load(std::memory_order_acquire);
+    const std::uint32_t state = r->state_.load(std::memory_order_acquire);
     if ((state & kInvalid) != 0) {  // cannot happen: invalid regions leave the heap at once
       lru_.remove(r);
       continue;
     }
     if ((state & kHolderMask) != 0) {
       lru_.remove(r);
-      r->next_dead_ = skipped;
+      r->nextDead() = skipped;
       skipped = r;
       continue;
     }
@@ -30,7 +30,7 @@ bool CacheImpl::evictOne_locked() noexcept {
       lru_.update(r, tick);
       continue;
     }
-    std::uint64_t unused_valid = 0;
+    std::uint32_t unused_valid = 0;
     if (r->state_.compare_exchange_strong(unused_valid, kInvalid, std::memory_order_acq_rel)) {
       leaveIndex_locked(r);
       doomUnused_locked(r, DoomReason::kEvicted);
@@ -42,8 +42,8 @@ bool CacheImpl::evictOne_locked() noexcept {
   const std::uint64_t now = lru_clock_.load(std::memory_order_relaxed);
   while (skipped != nullptr) {
     RegionImpl* r = skipped;
-    skipped = r->next_dead_;
-    r->next_dead_ = nullptr;
+    skipped = r->nextDead();
+    r->nextDead() = nullptr;
     // Room is there: these items just left the heap. A region released meanwhile keeps its tick.
     const bool unused = (r->state_.load(std::memory_order_acquire) & kHolderMask) == 0;
     lru_.push(r, unused ? r->last_used_.load(std::memory_order_relaxed) : now);

@@ -78,12 +78,13 @@ class Region {
  protected:
   Region() = default;
   ~Region() = default;
+  // 42 bytes, narrow fields last: the cache's region puts its own hot fields in the tail.
   std::uintptr_t start_ = 0;
   std::uintptr_t end_ = 0;
-  unsigned access_ = 0;
-  MemType mem_type_ = MemType::kHost;
   Backend* backend_ = nullptr;
   Registration reg_{};
+  std::uint8_t access_ = 0;  // Access bits (kAccessAll fits)
+  MemType mem_type_ = MemType::kHost;
 };
 
 // What a miss registers, as decided by a Resolver: the memory's kind and the backend for it.

@@ -160,27 +160,38 @@ std::uint64_t ReaderSlots::oldestReader() const noexcept {
 // ---------------------------------------------------------------------------------------------------
 // Retired objects
 
-Retired* RetireList::collect(ReaderSlots& slots, bool force) noexcept {
-  if (head_ == nullptr || (!force && count_ < kCollectBatch && bytes_ < kCollectBytes)) {
-    return nullptr;
+Reclaimed RetireList::collect(ReaderSlots& slots, bool force) noexcept {
+  Reclaimed freeable;
+  if ((head_ == nullptr && records_ == nullptr) ||
+      (!force && count_ < kCollectBatch && bytes_ < kCollectBytes)) {
+    return freeable;
   }
   if (retired_since_advance_) {
     slots.advance();
     retired_since_advance_ = false;
   }
   const std::uint64_t min_active = slots.oldestReader();
-  Retired* freeable = nullptr;
-  Retired** link = &head_;
-  while (*link != nullptr) {
+  for (Retired** link = &head_; *link != nullptr;) {
     Retired* x = *link;
     if (x->retire_epoch < min_active) {
       --count_;
       bytes_ -= x->bytes;
       *link = x->next_retired;
-      x->next_retired = freeable;
-      freeable = x;
+      x->next_retired = freeable.objects;
+      freeable.objects = x;
     } else {
       link = &x->next_retired;
+    }
+  }
+  for (RetiredRecord** link = &records_; *link != nullptr;) {
+    RetiredRecord* x = *link;
+    if (x->epoch < min_active) {
+      --count_;
+      *link = x->next;
+      x->next = freeable.records;
+      freeable.records = x;
+    } else {
+      link = &x->next;
     }
   }
   return freeable;

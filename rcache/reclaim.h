@@ -100,8 +100,8 @@ class ReaderSlots {
   std::atomic<SlotChunk*> chunks_[kMaxChunks] = {};
 };
 
-// Base of every object freed through epochs. `kind` and `bytes` are the owner's (the cache tells
-// regions, leaves and tops apart with kind).
+// Base of every object freed through epochs but records (the index's leaves and tops, which it
+// tells apart with `kind`; `bytes` is the object's size, which a leaf's capacity derives from).
 struct Retired {
   Retired* next_retired = nullptr;
   std::uint64_t retire_epoch = 0;
@@ -109,11 +109,26 @@ struct Retired {
   std::uint8_t kind = 0;
 };
 
-// Objects that left the published index, waiting for readers to leave their epoch.
+// A small retired thing without a size or kind of its own: the cache's regions retire their
+// companion record (rcache/cache_impl.h), 16 bytes that live beside them. The owner constructs it
+// (placement new) when the record retires; it finds its object back from the record's address.
+struct RetiredRecord {  // trivial: it shares storage (a union) with what the record was before
+  RetiredRecord* next;
+  std::uint64_t epoch;
+};
+
+// What a collection hands back: objects and records no reader can see any more.
+struct Reclaimed {
+  Retired* objects = nullptr;        // linked by next_retired
+  RetiredRecord* records = nullptr;  // linked by next
+};
+
+// Objects and records that left the published index, waiting for readers to leave their epoch.
 // Thread safety: writers only (the cache's lock).
 class RetireList {
  public:
-  // A collection pass costs a membarrier() (~0.4 us): batched, bounded in memory.
+  // A collection pass costs a membarrier() (~0.4 us): batched (by count, records included),
+  // bounded in memory (by the objects' bytes: records are small).
   static constexpr std::size_t kCollectBatch = 128;
   static constexpr std::size_t kCollectBytes = std::size_t{1} << 20;
 
@@ -125,14 +140,21 @@ class RetireList {
     bytes_ += x->bytes;
     retired_since_advance_ = true;
   }
-  // What no reader can see any more, as a list (linked by next_retired) for the caller to free
-  // once the lock is released. Batched unless `force`; advances the epoch when something was
-  // retired since the last pass.
-  Retired* collect(ReaderSlots& slots, bool force) noexcept;
+  void retire(RetiredRecord* x, std::uint64_t epoch) noexcept {
+    x->epoch = epoch;
+    x->next = records_;
+    records_ = x;
+    ++count_;
+    retired_since_advance_ = true;
+  }
+  // What no reader can see any more, for the caller to free once the lock is released. Batched
+  // unless `force`; advances the epoch when something was retired since the last pass.
+  Reclaimed collect(ReaderSlots& slots, bool force) noexcept;
   // Everything, whatever the readers (the cache's destructor: nobody reads any more).
-  Retired* takeAll() noexcept {
-    Retired* all = head_;
+  Reclaimed takeAll() noexcept {
+    const Reclaimed all{head_, records_};
     head_ = nullptr;
+    records_ = nullptr;
     count_ = 0;
     bytes_ = 0;
     return all;
@@ -140,8 +162,9 @@ class RetireList {
 
  private:
   Retired* head_ = nullptr;
-  std::size_t count_ = 0;
-  std::size_t bytes_ = 0;
+  RetiredRecord* records_ = nullptr;
+  std::size_t count_ = 0;  // objects and records
+  std::size_t bytes_ = 0;  // the objects'
   bool retired_since_advance_ = false;
 };
 
@@ -151,7 +174,8 @@ struct Reclaimer {
   ReaderSlots slots;
   RetireList retired;
   void retire(Retired* x) noexcept { retired.retire(x, slots.epochRelaxed()); }
-  Retired* collect(bool force) noexcept { return retired.collect(slots, force); }
+  void retire(RetiredRecord* x) noexcept { retired.retire(x, slots.epochRelaxed()); }
+  Reclaimed collect(bool force) noexcept { return retired.collect(slots, force); }
 };
 
 }  // namespace gmd::rcache::detail

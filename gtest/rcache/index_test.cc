@@ -44,7 +44,9 @@ class IndexTest : public ::testing::Test {
     // Nobody reads: everything retired is collectable at once.
     freeAll(reclaim_.collect(/*force=*/true));
   }
-  static void freeAll(Retired* list) {
+  static void freeAll(Reclaimed freed) {
+    EXPECT_EQ(freed.records, nullptr) << "the index retires objects, never records";
+    Retired* list = freed.objects;
     while (list != nullptr) {
       Retired* next = list->next_retired;
       ASSERT_TRUE(TestIndex::freeRetired(list))

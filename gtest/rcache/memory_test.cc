@@ -1,0 +1,198 @@
+// What a cached region costs in memory, and the pieces that decide it: the block pool's companion
+// records (rcache/block_pool.h: found from their block by arithmetic, across spans and slabs), the
+// eviction heap's growth in steps (rcache/lru_heap.h), and the cache's memory per region (one
+// cache line per region, at most 128 bytes with its leaf entry and heap item).
+#include <gtest/gtest.h>
+#include <malloc.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "gtest/common/fake_backend.h"
+#include "rcache/block_pool.h"
+#include "rcache/lru_heap.h"
+#include "rcache/rcache.h"
+
+namespace gmd::rcache::detail {
+namespace {
+
+using Pool = BlockPool<64, 64, 16>;
+
+// Every block and its companion: distinct, aligned, disjoint from every other block and record,
+// found from each other; what is written into each survives the others' writes. Enough blocks for
+// several slabs (4, 8, 16, 32, 64, 64, ... spans of 51 blocks), and again after half are reused.
+TEST(BlockPoolTest, CompanionsFoundFromTheirBlocksAcrossSpansAndSlabs) {
+  Pool pool;
+  constexpr std::size_t kBlocks = 20000;
+  std::vector<unsigned char*> blocks;
+  auto fill = [](unsigned char* b, std::size_t k) {
+    std::memset(b, static_cast<int>(k * 7 + 1), 64);
+    std::memset(Pool::companion(b), static_cast<int>(k * 13 + 5), 16);
+  };
+  auto check = [&](std::size_t k) {
+    unsigned char* b = blocks[k];
+    auto* c = static_cast<unsigned char*>(Pool::companion(b));
+    for (int i = 0; i < 64; ++i) ASSERT_EQ(b[i], static_cast<unsigned char>(k * 7 + 1)) << k;
+    for (int i = 0; i < 16; ++i) ASSERT_EQ(c[i], static_cast<unsigned char>(k * 13 + 5)) << k;
+  };
+  for (std::size_t k = 0; k < kBlocks; ++k) {
+    auto* b = static_cast<unsigned char*>(pool.allocate());
+    ASSERT_NE(b, nullptr);
+    blocks.push_back(b);
+    fill(b, k);
+  }
+  // [start, end) of every block and record, sorted: no two overlap.
+  auto checkLayout = [&] {
+    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
+    for (unsigned char* b : blocks) {
+      const auto a = reinterpret_cast<std::uintptr_t>(b);
+      void* c = Pool::companion(b);
+      const auto ca = reinterpret_cast<std::uintptr_t>(c);
+      ASSERT_EQ(a % 64, 0u);
+      ASSERT_EQ(ca % alignof(void*), 0u);
+      ASSERT_EQ(Pool::blockOf(c), static_cast<void*>(b));
+      ranges.emplace_back(a, a + 64);
+      ranges.emplace_back(ca, ca + 16);
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (std::size_t i = 1; i < ranges.size(); ++i) {
+      ASSERT_LE(ranges[i - 1].second, ranges[i].first) << "block or record " << i << " overlaps";
+    }
+  };
+  checkLayout();
+  for (std::size_t k = 0; k < kBlocks; ++k) check(k);
+
+  // Release every other block and allocate them again: the same blocks and records come back.
+  std::set<unsigned char*> released;
+  for (std::size_t k = 0; k < kBlocks; k += 2) {
+    released.insert(blocks[k]);
+    pool.release(blocks[k]);
+  }
+  for (std::size_t k = 0; k < kBlocks; k += 2) {
+    auto* b = static_cast<unsigned char*>(pool.allocate());
+    ASSERT_NE(b, nullptr);
+#if !defined(__SANITIZE_ADDRESS__)  // there every block is a fresh heap allocation
+    EXPECT_EQ(released.count(b), 1u) << "a released block is reused before the pool grows";
+#endif
+    blocks[k] = b;
+    fill(b, k);
+  }
+  checkLayout();
+  for (std::size_t k = 0; k < kBlocks; ++k) check(k);
+  Pool::Chain chain;
+  for (unsigned char* b : blocks) chain.add(b);
+  pool.release(chain);
+}
+
+struct HeapNode {
+  std::uint32_t pos = kNotInHeap;
+  std::uint32_t& heapPos() noexcept { return pos; }
+};
+
+// The heap's array grows by doubling to kStepItems, then by a step or a sixteenth: its spare room
+// stays within that rule at every size, and through every growth (each one a realloc that may
+// move the items) the heap keeps its order and each node's position.
+TEST(LruHeapTest, GrowsInStepsAndKeepsOrderAndPositions) {
+  using Heap = LruHeap<HeapNode>;
+  constexpr std::size_t kNodes = 120000;
+  std::vector<HeapNode> nodes(kNodes);
+  Heap heap;
+  std::mt19937_64 rng(7);
+  std::size_t growths = 0;
+  for (std::size_t k = 0; k < kNodes; ++k) {
+    const std::size_t cap0 = heap.capacity();
+    ASSERT_TRUE(heap.reserveOne());
+    if (heap.capacity() != cap0) {
+      ++growths;
+      const std::size_t step = cap0 < Heap::kStepItems ? std::max<std::size_t>(64, cap0)
+                                                       : std::max(Heap::kStepItems, cap0 / 16);
+      EXPECT_EQ(heap.capacity(), cap0 + step) << "at " << k << " items";
+    }
+    heap.push(&nodes[k], rng() % 1000000);
+    ASSERT_LE(heap.capacity() - heap.size(),
+              std::max<std::size_t>(64, std::max(Heap::kStepItems, heap.size() / 16)));
+  }
+  EXPECT_GT(growths, 10u);
+  // 100,000 items fit in under 17 bytes each.
+  EXPECT_LT(static_cast<double>(heap.capacity()) * sizeof(Heap::Item), 17.0 * kNodes);
+  // Re-key some, remove some from the middle (by their positions), then pop in order.
+  for (std::size_t k = 0; k < kNodes; k += 3) heap.update(&nodes[k], rng() % 1000000);
+  for (std::size_t k = 1; k < kNodes; k += 5) {
+    heap.remove(&nodes[k]);
+    ASSERT_EQ(nodes[k].pos, kNotInHeap);
+  }
+  std::uint64_t last = 0;
+  std::size_t popped = 0;
+  while (heap.size() != 0) {
+    const Heap::Item top = heap.top();
+    ASSERT_GE(top.key, last);
+    ASSERT_EQ(top.region->pos, 0u) << "the top's position is 0";
+    last = top.key;
+    heap.remove(top.region);
+    ++popped;
+  }
+  EXPECT_EQ(popped, kNodes - (kNodes - 1 + 4) / 5);
+}
+
+}  // namespace
+}  // namespace gmd::rcache::detail
+
+namespace gmd::rcache::test {
+namespace {
+
+using gmd::test::FakeBackend;
+
+constexpr std::uintptr_t kPage = 4096;
+constexpr std::uintptr_t kBase = 0x300000000ull;  // fake addresses, never dereferenced
+
+// A cached region (its line, companion record, leaf entry and heap item) costs about 122 bytes
+// of heap with 100,000 regions registered in address order (mallinfo2: glibc's allocator, headers
+// included; the benchmark's bytes/region counter, whose process has warm leaf pools). A fresh
+// process also pays for the leaf pools' first chunks (~2 bytes a region here) and, once glibc's
+// dynamic mmap threshold rose, a span per slab for alignment: ~127-130 bytes. The bound catches a
+// region going back to two lines (~174). And every region is a cache line of its own.
+TEST(RcacheMemory, ARegionIsALineOfItsOwnAndCostsAbout122BytesInAll) {
+  constexpr std::size_t kRegions = 100000;
+  FakeBackend backend(FakeBackend::kNoOracle);
+  Config cfg;
+  cfg.max_unused_bytes = SIZE_MAX;
+  const struct mallinfo2 m0 = mallinfo2();
+  std::unique_ptr<Cache> cache;
+  ASSERT_EQ(Cache::create(cfg, &cache), Status::kOk);
+  const Resolver resolver = Resolver::fixed(MemoryKind{MemType::kHost, -1}, &backend);
+  for (std::size_t k = 0; k < kRegions; ++k) {
+    Region* r = nullptr;
+    // One page each, a page apart: no two merge.
+    ASSERT_EQ(cache->get(reinterpret_cast<void*>(kBase + 2 * k * kPage), kPage, kAccessLocalRead,
+                         resolver, &r),
+              Status::kOk);
+    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(r) % 64, 0u) << "region " << k;
+    cache->put(r);
+  }
+  cache->progress();  // frees the leaves and tops the insertions replaced
+  ASSERT_EQ(cache->stats().regions, kRegions);
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  (void)m0;
+  GTEST_SKIP() << "the sanitizer's allocator replaces glibc's: mallinfo2 does not measure it";
+#else
+  const struct mallinfo2 m1 = mallinfo2();
+  const double before = static_cast<double>(m0.uordblks + m0.hblkhd);
+  const double after = static_cast<double>(m1.uordblks + m1.hblkhd);
+  const double per_region = (after - before) / kRegions;
+  EXPECT_LE(per_region, 132.0);
+  EXPECT_GT(per_region, 64.0) << "a region is a cache line at least: measured nothing?";
+  std::printf("bytes per region: %.1f (arena %.1f, mmapped %.1f)\n", per_region,
+              (double(m1.uordblks) - double(m0.uordblks)) / kRegions,
+              (double(m1.hblkhd) - double(m0.hblkhd)) / kRegions);
+#endif
+}
+
+}  // namespace
+}  // namespace gmd::rcache::test
