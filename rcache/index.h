@@ -167,26 +167,38 @@ struct LeafEntry {
 };
 
 // A sorted array of at most capacity() entries, edited in place under a sequence lock: the writer
-// (one at a time: the cache's writer lock) makes `seq` odd, moves and writes entries and `size`,
-// and makes `seq` even again; a reader reads `seq` (acquire), then the size and the entries it
+// (one at a time: the cache's writer lock) makes `seq` odd, moves and writes entries and `shape`,
+// and makes `seq` even again; a reader reads `seq` (acquire), then the shape and the entries it
 // needs (relaxed), an acquire fence, and `seq` again, and uses what it read only when both reads
 // of `seq` are the same even value. It never follows a pointer it read before that check. A leaf is
 // copied only when it outgrows its block, splits or merges; the old one is then retired.
+//
+// The entries lie anywhere in the block: entry k is slot first + k (`shape` holds first and the
+// count), so that an edit moves the entries on the shorter side of it (a removal at the front,
+// what evicting the least recently used of sequentially released regions does, moves none).
 template <typename Node>
 struct Leaf : Retired {
   using Entry = IndexEntry<Node>;
   using Slot = LeafEntry<Node>;
-  std::atomic<std::uint32_t> seq{0};   // odd while a writer edits the leaf
-  std::atomic<std::uint32_t> size{0};  // entries in use, at most capacity()
+  std::atomic<std::uint32_t> seq{0};    // odd while a writer edits the leaf
+  std::atomic<std::uint32_t> shape{0};  // first slot (low 16 bits), entries (high 16 bits)
 
-  std::size_t count() const noexcept { return size.load(std::memory_order_relaxed); }
+  static constexpr std::uint32_t makeShape(std::size_t first, std::size_t n) noexcept {
+    return static_cast<std::uint32_t>(first | (n << 16));
+  }
+  static std::size_t shapeFirst(std::uint32_t v) noexcept { return v & 0xffff; }
+  static std::size_t shapeCount(std::uint32_t v) noexcept { return v >> 16; }
+
+  // Writers (and readers' unvalidated guesses: the cache's tests of structure).
+  std::size_t count() const noexcept { return shapeCount(shape.load(std::memory_order_relaxed)); }
+  std::size_t first() const noexcept { return shapeFirst(shape.load(std::memory_order_relaxed)); }
   // Entries the block holds (the shared empty leaf has none and is never edited).
   std::size_t capacity() const noexcept {
     return bytes < kLeafHeaderBytes ? 0 : (bytes - kLeafHeaderBytes) / kEntryBytes;
   }
-  Entry entry(std::size_t k) const noexcept { return slots()[k].load(); }
+  Entry entry(std::size_t k) const noexcept { return slots()[first() + k].load(); }
   std::uintptr_t startAt(std::size_t k) const noexcept {
-    return slots()[k].start.load(kEntryLoad);
+    return slots()[first() + k].start.load(kEntryLoad);
   }
 
   // A leaf of n <= kLeafMax entries (to be set by the caller), in the smallest block that fits.
@@ -200,7 +212,7 @@ struct Leaf : Retired {
     l->bytes = static_cast<std::uint32_t>(leafBlockBytes(c));
     Slot* s = l->slots();
     for (std::size_t k = 0; k < l->capacity(); ++k) new (&s[k]) Slot;
-    l->size.store(static_cast<std::uint32_t>(n), std::memory_order_relaxed);
+    l->shape.store(makeShape(0, n), std::memory_order_relaxed);
     return l;
   }
   static void release(Leaf* l) noexcept {
@@ -210,7 +222,8 @@ struct Leaf : Retired {
   }
   // Number of entries among the first n whose start <= addr (the last of them is the floor entry).
   std::size_t upper(std::uintptr_t addr, std::size_t n) const noexcept {
-    return countAtOrBelow(n, addr, [this](std::size_t k) { return startAt(k); });
+    const Slot* b = slots() + first();
+    return countAtOrBelow(n, addr, [b](std::size_t k) { return b[k].start.load(kEntryLoad); });
   }
   std::size_t upper(std::uintptr_t addr) const noexcept { return upper(addr, count()); }
   // Number of entries whose start < addr.
@@ -225,14 +238,17 @@ struct Leaf : Retired {
   // writer's edit: nothing read counts.
   bool readFloor(std::uintptr_t addr, Entry* out, std::size_t* pos) const noexcept {
     const std::uint32_t s0 = seq.load(std::memory_order_acquire);
-    // A torn size is still at most capacity(): the writer never stores more, so every index below
-    // is in the block whatever was read.
-    const std::size_t n = size.load(kEntryLoad);
+    // One load of the shape: a torn one is still a shape the writer stored, and it never stores
+    // one reaching past capacity(), so every slot below is in the block whatever was read.
+    const std::uint32_t sh = shape.load(kEntryLoad);
+    const Slot* b = slots() + shapeFirst(sh);
+    const std::size_t n = shapeCount(sh);
+    auto startOf = [b](std::size_t k) { return b[k].start.load(kEntryLoad); };
     std::size_t k = *pos;
-    if (!(k <= n && (k == 0 || startAt(k - 1) <= addr) && (k == n || startAt(k) > addr))) {
-      k = upper(addr, n);
+    if (!(k <= n && (k == 0 || startOf(k - 1) <= addr) && (k == n || startOf(k) > addr))) {
+      k = countAtOrBelow(n, addr, startOf);
     }
-    const Entry e = k != 0 ? entry(k - 1) : Entry{0, 0, nullptr};
+    const Entry e = k != 0 ? b[k - 1].load() : Entry{0, 0, nullptr};
     seqReadFence();
     if (__builtin_expect((s0 & 1) != 0 || seq.load(std::memory_order_relaxed) != s0, 0)) {
       return false;
@@ -242,7 +258,8 @@ struct Leaf : Retired {
     return true;
   }
 
-  // Writers: an edit in place is bracketed by beginEdit() and endEdit().
+  // Writers: an edit in place is bracketed by beginEdit() and endEdit(). Within one, set() and
+  // entry() index from the first slot as it is when they are called (setShape() moves it).
   void beginEdit() noexcept {
     seq.store(seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     seqWriteFence();
@@ -250,9 +267,12 @@ struct Leaf : Retired {
   void endEdit() noexcept {
     seq.store(seq.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   }
-  void set(std::size_t k, const Entry& e) noexcept { slots()[k].store(e); }
-  void setCount(std::size_t n) noexcept {
-    size.store(static_cast<std::uint32_t>(n), kEntryStore);
+  void set(std::size_t k, const Entry& e) noexcept { slots()[first() + k].store(e); }
+  void setSlot(std::size_t slot, const Entry& e) noexcept { slots()[slot].store(e); }
+  Entry slotEntry(std::size_t slot) const noexcept { return slots()[slot].load(); }
+  // first + n <= capacity().
+  void setShape(std::size_t first, std::size_t n) noexcept {
+    shape.store(makeShape(first, n), kEntryStore);
   }
 
  private:

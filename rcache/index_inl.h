@@ -96,33 +96,64 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
       if (first != 0 && old->startAt(first - 1) == drop->start()) --first;
     }
     std::size_t n = size + (add != nullptr ? 1 : 0);
+    std::size_t at = size;  // where the first dropped entry is
     const Node* d = drop;
     for (std::size_t k = first; k < size && d != nullptr; ++k) {
-      n -= dropped(old->entry(k), d) ? 1 : 0;
+      if (dropped(old->entry(k), d)) {
+        if (at == size) at = k;
+        --n;
+      }
     }
     if (n <= old->capacity() && (n >= kLeafMin || (n != 0 && top->size == 1))) {
-      // In place: compact the kept entries, then shift the tail up for `add`.
+      // In place. Entries k of the leaf are slots f + k; each edit moves the entries on its
+      // shorter side.
+      const std::size_t cap = old->capacity();
+      std::size_t f = old->first();
+      std::size_t j = size;  // entries now
       old->beginEdit();
-      std::size_t j = first;
-      d = drop;
-      for (std::size_t k = first; k < size; ++k) {
-        const Entry e = old->entry(k);
-        if (d != nullptr && dropped(e, d)) {
-          e.region->in_index_ = false;
-          continue;
+      if (size + (add != nullptr ? 1 : 0) - n == 1) {
+        // One removal, at `at`: close the gap from the nearer end.
+        old->slotEntry(f + at).region->in_index_ = false;
+        if (at < size - 1 - at) {
+          for (std::size_t k = at; k > 0; --k) old->setSlot(f + k, old->slotEntry(f + k - 1));
+          ++f;
+        } else {
+          for (std::size_t k = at; k + 1 < size; ++k) {
+            old->setSlot(f + k, old->slotEntry(f + k + 1));
+          }
         }
-        if (j != k) old->set(j, e);
-        ++j;
+        --j;
+      } else if (at != size) {
+        // Several: compact the kept ones down from the first removal.
+        j = at;
+        d = drop;
+        for (std::size_t k = at; k < size; ++k) {
+          const Entry e = old->slotEntry(f + k);
+          if (d != nullptr && dropped(e, d)) {
+            e.region->in_index_ = false;
+            continue;
+          }
+          if (j != k) old->setSlot(f + j, e);
+          ++j;
+        }
       }
+      old->setShape(f, j);
       if (add != nullptr) {
+        // Open a slot at p, moving the shorter side when there is room on it (there is room on
+        // one side: j < cap).
         const std::size_t p = upperIn(i, old, add->start(), j);
-        for (std::size_t k = j; k > p; --k) old->set(k, old->entry(k - 1));
-        old->set(p, Entry{add->start(), add->end(), add});
+        if (f + j == cap || (f != 0 && p < j - p)) {
+          for (std::size_t k = 0; k < p; ++k) old->setSlot(f - 1 + k, old->slotEntry(f + k));
+          --f;
+        } else {
+          for (std::size_t k = j; k > p; --k) old->setSlot(f + k, old->slotEntry(f + k - 1));
+        }
+        old->setSlot(f + p, Entry{add->start(), add->end(), add});
         ++j;
+        old->setShape(f, j);
         add->in_index_ = true;
         remember(i, p + 1);  // where the invalidation of `add` will look
       }
-      old->setCount(j);
       old->endEdit();
       return true;
     }
