@@ -281,6 +281,7 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
   const MemType type = what.memory.type;
   Backend* const backend = what.backend;
   RegionImpl* hit = nullptr;
+  RegionImpl* evicted = nullptr;  // unused regions our eviction doomed, linked by nextDead()
   Range want = rq;
   unsigned want_access = access;
   std::uint64_t seq0 = 0;
@@ -320,7 +321,17 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
     } else {
       if (want.length() > config_.max_pinned_bytes) want = rq;
       advanceLruClock_locked();
-      if (!makeRoom_locked(want.length())) {
+      // What this eviction frees is ours to deregister (before we register) and to retire (when
+      // we insert), without the work bit that would send every other get() to the slow path and
+      // without the two more lock round trips of finishWork().
+      own_dead_ = true;
+      const bool room = makeRoom_locked(want.length());
+      own_dead_ = false;
+      if (!work_flag_) {  // else dead_ holds others' regions too: finishWork() takes them all
+        evicted = dead_;
+        dead_ = nullptr;
+      }
+      if (!room) {
         st = Status::kNoResource;
       } else {
         bump(regions_, std::int64_t{1});
@@ -334,7 +345,12 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
     *out = hit;
     return Status::kOk;
   }
+  for (RegionImpl* r = evicted; r != nullptr; r = r->nextDead()) deregister(r);
   if (st != Status::kOk) {
+    if (evicted != nullptr) {
+      WriterGuard g(lock_);
+      retireRegions_locked(evicted);
+    }
     log(LogLevel::kDebug, kModule,
         "register [0x%zx, 0x%zx): region limits reached (max_regions %zu, max_pinned_bytes %zu) "
         "and every region is in use",
@@ -348,19 +364,20 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
     WriterGuard g(lock_);
     bump(regions_, std::int64_t{-1});
     bump(pinned_, -static_cast<std::int64_t>(len));
+    if (evicted != nullptr) retireRegions_locked(evicted);
   };
   Registration reg{};
   Result res = backend->reg(want.start, len, want_access, what.memory, &reg);
   if (res.status == Status::kNoResource) {
     // Rule 6: evict every unused region, then retry once.
-    std::size_t evicted;
+    std::size_t n_evicted;
     {
       WriterGuard g(lock_);
-      evicted = evictAllUnused_locked();
+      n_evicted = evictAllUnused_locked();
     }
     finishWork();
     log(LogLevel::kDebug, kModule, "backend out of resources: evicted %zu unused regions, retrying",
-        evicted);
+        n_evicted);
     res = backend->reg(want.start, len, want_access, what.memory, &reg);
   }
   if (!res.ok() && (want.start != rq.start || want.end != rq.end)) {
@@ -428,6 +445,7 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
       }
       enforceUnused_locked();
     }
+    if (evicted != nullptr) retireRegions_locked(evicted);
     freeable = reclaim_.collect(false);
   }
   freeList(freeable);
@@ -541,7 +559,7 @@ void CacheImpl::doomUnused_locked(RegionImpl* r, DoomReason why) noexcept {
 void CacheImpl::pushDead_locked(RegionImpl* r) noexcept {
   r->nextDead() = dead_;
   dead_ = r;
-  setWork_locked(true);
+  if (!own_dead_) setWork_locked(true);
 }
 
 RegionImpl* CacheImpl::takeDead_locked() noexcept {

@@ -267,6 +267,9 @@ class CacheImpl final : public Cache {
   RegionImpl* zombies_ = nullptr;  // deregistered, still in the index (a leaf rewrite failed)
   LruHeap<RegionImpl> lru_;        // valid indexed regions by release tick
   bool work_flag_ = false;         // mirrors kWorkBit in attention_
+  // While a miss makes room: what it dooms goes to dead_ without the work bit, and the miss takes
+  // it before it lets go of lock_ (getSlow()).
+  bool own_dead_ = false;
   // While applyQueued_locked() drains, doomUnused_locked() adds here instead of to the shared
   // counters (three atomic read-modify-writes per region), which the drain then updates once.
   struct DoomBatch {

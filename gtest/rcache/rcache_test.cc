@@ -329,6 +329,59 @@ TEST_F(RcacheTest, Rule6EvictsUnusedOnlyAndFailsWhenAllInUse) {
   put(c);
 }
 
+// A miss that evicts deregisters its victims itself, before it registers (so that a device with
+// a registration limit never sees more than the cache's limits), and nobody else touches them.
+TEST_F(RcacheTest, Rule6AMissDeregistersItsVictimsBeforeItRegisters) {
+  Config cfg;
+  cfg.max_regions = 2;
+  make(cfg);
+  Region* a = get(0, 1);
+  Region* b = get(2, 1);
+  FakeBackend::Record* ra = FakeBackend::record(a);
+  put(a);
+  put(b);
+  int live_at_reg = -1;
+  be_.onReg([&](std::uintptr_t, std::size_t) { live_at_reg = be_.live(); });
+  Region* c = get(4, 1);
+  be_.onReg(nullptr);
+  EXPECT_EQ(live_at_reg, 1) << "the victim was still registered when the new region was";
+  EXPECT_EQ(ra->deregs.load(), 1);
+  EXPECT_EQ(cache_->stats().evictions, 1u);
+  EXPECT_EQ(cache_->stats().regions, 2u);
+  // The victim left the index: its range is a miss again (and evicts b).
+  Region* a2 = get(0, 1);
+  EXPECT_NE(FakeBackend::record(a2), ra);
+  put(c);
+  put(a2);
+}
+
+// A miss whose registration fails after it evicted still deregisters and retires its victims:
+// counters stay exact, nothing leaks (the backend checks every registration is deregistered once,
+// LeakSanitizer the regions), and the cache works on.
+TEST_F(RcacheTest, Rule6VictimsOfAMissThatFailsAreStillDeregisteredAndFreed) {
+  Config cfg;
+  cfg.max_regions = 2;
+  make(cfg);
+  Region* a = get(0, 1);
+  Region* b = get(2, 1);
+  FakeBackend::Record* ra = FakeBackend::record(a);
+  put(a);
+  put(b);
+  be_.failNext(Status::kIoError);
+  get(4, 1, kAccessLocalRead, Status::kIoError);
+  EXPECT_EQ(ra->deregs.load(), 1);
+  EXPECT_EQ(be_.live(), 1);
+  EXPECT_EQ(cache_->stats().regions, 1u);
+  EXPECT_EQ(cache_->stats().evictions, 1u);
+  cache_->progress();
+  Region* c = get(4, 1);
+  Region* d = get(6, 1);  // evicts b
+  EXPECT_EQ(cache_->stats().regions, 2u);
+  EXPECT_EQ(be_.live(), 2);
+  put(c);
+  put(d);
+}
+
 TEST_F(RcacheTest, Rule6MaxPinnedBytes) {
   Config cfg;
   cfg.max_pinned_bytes = 4 * kPage;
