@@ -182,7 +182,8 @@ class BlockPool {
                                kPair % alignof(void*) == 0));
   static constexpr std::size_t kMinSlabSpans = 4;
 
-  bool grow() noexcept {
+  // Out of line: allocate() stays small enough to inline into a miss.
+  __attribute__((noinline)) bool grow() noexcept {
     if constexpr (kPair != 0) {
       return growSlab();
     } else {
