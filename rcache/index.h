@@ -360,7 +360,13 @@ struct Top : Retired {
   // The same for a reader whose position did not answer: most often a new address (a miss, whose
   // jumps over the keys would mispredict half the time), hence branch-free, and out of line.
   __attribute__((noinline)) std::size_t leafForCold(std::uintptr_t addr) const noexcept {
-    return leafForW(addr);
+    const std::size_t i = leafForW(addr);
+    // The search of the leaf will jump over its lines, each a miss in a big cache: fetch them
+    // all at once (a miss among 100,000 regions 207 -> 196 ns). A prefetch never faults.
+    const Leaf<Node>* l = leaf(i);
+    const auto* p = reinterpret_cast<const char*>(l);
+    for (std::size_t b = 64; b < l->bytes; b += 64) __builtin_prefetch(p + b);
+    return i;
   }
   // Readers (inside an epoch): copies the entry with the greatest start <= addr into *out (region
   // null when there is none). False when writers kept editing the leaf through kReadTries reads:

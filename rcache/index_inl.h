@@ -164,8 +164,9 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
   auto gather = [&dropped](const LeafT* l, Node* a, const Node* d, Entry* out) {
     std::size_t j = 0;
     const std::size_t n = l->count();
+    const std::size_t f = l->first();
     for (std::size_t k = 0; k < n; ++k) {
-      const Entry e = l->entry(k);
+      const Entry e = l->slotEntry(f + k);
       if (a != nullptr && a->start() < e.start) {
         out[j++] = Entry{a->start(), a->end(), a};
         a = nullptr;
@@ -178,7 +179,7 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
   auto makeLeaf = [](const Entry* from, std::size_t n) {
     LeafT* l = LeafT::allocate(n);
     if (l != nullptr) {
-      for (std::size_t k = 0; k < n; ++k) l->set(k, from[k]);
+      for (std::size_t k = 0; k < n; ++k) l->setSlot(k, from[k]);  // first slot 0
     }
     return l;
   };
