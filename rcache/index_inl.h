@@ -104,7 +104,13 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
         --n;
       }
     }
-    if (n <= old->capacity() && (n >= kLeafMin || (n != 0 && top->size == 1))) {
+    // A leaf under kLeafMin entries that no neighbour can take (the copy path would only copy it
+    // into a smaller block, at every removal) is edited in place too.
+    auto mergeable = [&] {
+      return (i + 1 < top->size && n + top->leaf(i + 1)->count() <= kLeafMax) ||
+             (i > 0 && n + top->leaf(i - 1)->count() <= kLeafMax);
+    };
+    if (n <= old->capacity() && n != 0 && (n >= kLeafMin || top->size == 1 || !mergeable())) {
       // In place. Entries k of the leaf are slots f + k; each edit moves the entries on its
       // shorter side.
       const std::size_t cap = old->capacity();
