@@ -190,6 +190,28 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
     return l;
   };
 
+  // An insertion after the last entry of a full leaf (ascending addresses: what allocators and
+  // sequential registrations produce) starts a new leaf after it, in a full-size block, and leaves
+  // the old one as it is: no entry is copied, and the next insertions in ascending order go into
+  // the new leaf in place, where an even split would copy half a leaf now and a growing half
+  // again later. Leaves filled this way are full (memory) and split half as often.
+  if (add != nullptr && drop == nullptr && size == kLeafMax && !isEmptyLeaf(old) &&
+      old->startAt(size - 1) < add->start()) {
+    LeafT* next = LeafT::allocate(kLeafMax);
+    if (next == nullptr) return false;
+    next->setSlot(0, Entry{add->start(), add->end(), add});
+    next->setShape(0, 1);
+    LeafT* const leaves[1] = {next};
+    const std::uintptr_t keys[1] = {add->start()};
+    if (!replaceLeaves(i + 1, 0, leaves, keys, 1)) {
+      LeafT::release(next);
+      return false;
+    }
+    add->in_index_ = true;
+    remember(i + 1, 1);
+    return true;
+  }
+
   bool done = false;
   Entry buf[2 * kLeafMax + 1];  // this leaf (+ add), then possibly a neighbour
   const std::size_t n = gather(old, add, drop, buf);

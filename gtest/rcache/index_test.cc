@@ -296,6 +296,31 @@ TEST_F(IndexTest, RememberedPositionsOfReadersAndWritersNeverMisleadThemWhenLeav
   checkStructure();
 }
 
+// Ascending insertions (what allocators and sequential registrations produce) fill each leaf to
+// kLeafMax and start the next one beside it: every leaf but the last is full, and a leaf that was
+// full keeps its block (no copy). Insertions below a full leaf's last entry still split it evenly.
+TEST_F(IndexTest, AscendingInsertionsFillLeavesAndStartTheNextWithoutCopying) {
+  constexpr std::uintptr_t kN = 10 * kLeafMax + 7;
+  for (std::uintptr_t p = 0; p < kN; ++p) insert(make(2 * p, 1));
+  checkStructure();
+  const auto* top = index_->top();
+  ASSERT_EQ(top->size, (kN + kLeafMax - 1) / kLeafMax);
+  for (std::size_t i = 0; i + 1 < top->size; ++i) {
+    EXPECT_EQ(top->leaf(i)->count(), kLeafMax) << "leaf " << i;
+  }
+  EXPECT_EQ(top->leaf(top->size - 1)->count(), kN % kLeafMax);
+  const auto* full = top->leaf(3);
+  insert(make(2 * (kN + 5), 1));  // appended to the last leaf: leaf 3 is left alone
+  EXPECT_EQ(index_->top()->leaf(3), full);
+  insert(make(2 * (3 * kLeafMax + 10) + 1, 1));  // inside full leaf 3: an even split
+  top = index_->top();
+  EXPECT_EQ(top->size, (kN + kLeafMax - 1) / kLeafMax + 1);
+  EXPECT_EQ(top->leaf(3)->count() + top->leaf(4)->count(), kLeafMax + 1);
+  EXPECT_GE(top->leaf(3)->count(), kLeafMax / 2);
+  EXPECT_GE(top->leaf(4)->count(), kLeafMax / 2);
+  checkStructure();
+}
+
 TEST_F(IndexTest, QueuePurgeOfAnUnindexedNodeDoesNothing) {
   Node* a = make(1, 1);
   index_->queuePurge(a);
