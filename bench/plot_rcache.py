@@ -3,7 +3,7 @@
 
 Reads Google Benchmark's JSON (--benchmark_out=FILE --benchmark_out_format=json, with
 --benchmark_repetitions and aggregates) and writes two PNGs into OUTDIR:
-  rcache_vs_regions.png  hit and miss cost against the number of cached regions
+  rcache_vs_regions.png  hit, miss and eviction cost against the number of cached regions
   rcache_hit_threads.png hit cost per operation against the number of threads
 
 usage: bench/plot_rcache.py RESULTS.json OUTDIR   (Debian python3 with python3-matplotlib)
@@ -44,24 +44,26 @@ def series(m, pattern):
 
 
 def plot_vs_regions(m, outdir):
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    # One colour per operation, solid for gmd and dashed for ucs_rcache, so that each pair reads
+    # side by side.
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    ops = (("hit", "RcacheHit", "RcacheHitLargeN", "tab:blue"),
+           ("miss", "RcacheMiss", "RcacheMissLarge", "tab:orange"),
+           ("evict", None, "RcacheEvictLarge", "tab:green"))
     for impl, style in (("gmd", "-o"), ("ucs", "--s")):
-        hit = [(1, m[f"RcacheHit_{impl}"])] if f"RcacheHit_{impl}" in m else []
-        hit += series(m, rf"RcacheHitLargeN_{impl}/(\d+)")
-        miss = [(1, m[f"RcacheMiss_{impl}"])] if f"RcacheMiss_{impl}" in m else []
-        miss += series(m, rf"RcacheMissLarge_{impl}/(\d+)")
         label = "gmd" if impl == "gmd" else "ucs_rcache"
-        if hit:
-            ax.plot(*zip(*hit), style, label=f"hit, {label}")
-        if miss:
-            ax.plot(*zip(*miss), style, label=f"miss, {label}")
+        for op, single, large, colour in ops:
+            pts = [(1, m[f"{single}_{impl}"])] if single and f"{single}_{impl}" in m else []
+            pts += series(m, rf"{large}_{impl}/(\d+)")
+            if pts:
+                ax.plot(*zip(*pts), style, color=colour, label=f"{op}, {label}")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("cached regions")
+    ax.set_xlabel("cached regions (evict: the cache is full at that many)")
     ax.set_ylabel("CPU time per operation (ns, median)")
-    ax.set_title("Registration cache: hit and miss cost vs cached regions")
+    ax.set_title("Registration cache: hit, miss and eviction cost vs cached regions")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(ncol=2, fontsize="small")
     fig.tight_layout()
     fig.savefig(os.path.join(outdir, "rcache_vs_regions.png"), dpi=110)
 
@@ -72,10 +74,15 @@ def plot_threads(m, outdir):
         pts = series(m, rf"RcacheHitThreads_{impl}/threads:(\d+)")
         if pts:
             ax.plot(*zip(*pts), style, label="gmd" if impl == "gmd" else "ucs_rcache")
+            for x, y in pts:
+                ax.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(6, 4))
     ax.set_xlabel("threads (each hitting its own region of one cache)")
     ax.set_ylabel("CPU time per hit, per thread (ns, median)")
     ax.set_title("Registration cache: hit cost per operation vs threads")
-    ax.set_ylim(bottom=0)
+    # Logarithmic: ucs_rcache's read-write lock can cost a hundred times gmd's hit under
+    # contention, which on a linear axis flattens gmd's line to nothing.
+    ax.set_yscale("log")
+    ax.set_xticks([1, 2, 4])
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
