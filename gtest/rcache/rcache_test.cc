@@ -29,6 +29,19 @@ void* at(std::uintptr_t page) { return reinterpret_cast<void*>(kBase + page * kP
 class RcacheTest : public ::testing::Test {
  protected:
   void make(Config cfg = Config{}) { ASSERT_EQ(Cache::create(cfg, &cache_), Status::kOk); }
+  // A cache limited to two regions, full of two unused ones: pages 0 (released first, the next
+  // victim; its record) and 2.
+  FakeBackend::Record* makeFullOfTwoUnused() {
+    Config cfg;
+    cfg.max_regions = 2;
+    make(cfg);
+    Region* a = get(0, 1);
+    Region* b = get(2, 1);
+    FakeBackend::Record* ra = FakeBackend::record(a);
+    put(a);
+    put(b);
+    return ra;
+  }
   void SetUp() override { make(); }
 
   // get() with oracle bookkeeping.
@@ -332,14 +345,7 @@ TEST_F(RcacheTest, Rule6EvictsUnusedOnlyAndFailsWhenAllInUse) {
 // A miss that evicts deregisters its victims itself, before it registers (so that a device with
 // a registration limit never sees more than the cache's limits), and nobody else touches them.
 TEST_F(RcacheTest, Rule6AMissDeregistersItsVictimsBeforeItRegisters) {
-  Config cfg;
-  cfg.max_regions = 2;
-  make(cfg);
-  Region* a = get(0, 1);
-  Region* b = get(2, 1);
-  FakeBackend::Record* ra = FakeBackend::record(a);
-  put(a);
-  put(b);
+  FakeBackend::Record* ra = makeFullOfTwoUnused();
   int live_at_reg = -1;
   be_.onReg([&](std::uintptr_t, std::size_t) { live_at_reg = be_.live(); });
   Region* c = get(4, 1);
@@ -359,14 +365,7 @@ TEST_F(RcacheTest, Rule6AMissDeregistersItsVictimsBeforeItRegisters) {
 // counters stay exact, nothing leaks (the backend checks every registration is deregistered once,
 // LeakSanitizer the regions), and the cache works on.
 TEST_F(RcacheTest, Rule6VictimsOfAMissThatFailsAreStillDeregisteredAndFreed) {
-  Config cfg;
-  cfg.max_regions = 2;
-  make(cfg);
-  Region* a = get(0, 1);
-  Region* b = get(2, 1);
-  FakeBackend::Record* ra = FakeBackend::record(a);
-  put(a);
-  put(b);
+  FakeBackend::Record* ra = makeFullOfTwoUnused();
   be_.failNext(Status::kIoError);
   get(4, 1, kAccessLocalRead, Status::kIoError);
   EXPECT_EQ(ra->deregs.load(), 1);
