@@ -29,14 +29,18 @@ void* at(std::uintptr_t page) { return reinterpret_cast<void*>(kBase + page * kP
 class RcacheTest : public ::testing::Test {
  protected:
   void make(Config cfg = Config{}) { ASSERT_EQ(Cache::create(cfg, &cache_), Status::kOk); }
-  // A cache limited to two regions, full of two unused ones: pages 0 (released first, the next
-  // victim; its record) and 2.
-  FakeBackend::Record* makeFullOfTwoUnused() {
+  // A cache limited to two regions, full: pages 0 (*a) and 2 (*b), both held.
+  void makeFullOfTwo(Region** a, Region** b) {
     Config cfg;
     cfg.max_regions = 2;
     make(cfg);
-    Region* a = get(0, 1);
-    Region* b = get(2, 1);
+    *a = get(0, 1);
+    *b = get(2, 1);
+  }
+  // The same with both released, page 0 first (the next victim); its record.
+  FakeBackend::Record* makeFullOfTwoUnused() {
+    Region *a, *b;
+    makeFullOfTwo(&a, &b);
     FakeBackend::Record* ra = FakeBackend::record(a);
     put(a);
     put(b);
@@ -326,11 +330,8 @@ TEST_F(RcacheTest, Rule6MaxRegionsEvictsLeastRecentlyUsed) {
 }
 
 TEST_F(RcacheTest, Rule6EvictsUnusedOnlyAndFailsWhenAllInUse) {
-  Config cfg;
-  cfg.max_regions = 2;
-  make(cfg);
-  Region* a = get(0, 1);
-  Region* b = get(2, 1);
+  Region *a, *b;
+  makeFullOfTwo(&a, &b);
   FakeBackend::Record* ra = FakeBackend::record(a);
   get(4, 1, kAccessLocalRead, Status::kNoResource);
   EXPECT_EQ(be_.live(), 2);
