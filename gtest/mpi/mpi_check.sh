@@ -20,9 +20,8 @@ fi
 plugin=$1
 prog=$2
 shift 2
-ulimit -l unlimited 2>/dev/null
-[[ -n $(ls /sys/class/infiniband 2>/dev/null) ]] || { echo "FAIL: no RDMA devices"; exit 1; }
-command -v mpirun >/dev/null || { echo "FAIL: no mpirun (Debian package openmpi-bin)"; exit 1; }
+source "$(dirname "$0")/mpi_setup.sh"
+mpi_setup mpirun openmpi-bin || exit 1
 export LD_PRELOAD=$plugin UCX_GMD_PRINT_STATS=y
 tls_env=(-x UCX_TLS)
 if [[ ${GMD_MPI_TLS:-} == default ]]; then

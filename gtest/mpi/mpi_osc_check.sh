@@ -9,9 +9,8 @@ set -u
 plugin=$1
 prog=$2
 shift 2
-ulimit -l unlimited 2>/dev/null
-[[ -n $(ls /sys/class/infiniband 2>/dev/null) ]] || { echo "FAIL: no RDMA devices"; exit 1; }
-command -v mpirun >/dev/null || { echo "FAIL: no mpirun (Debian package openmpi-bin)"; exit 1; }
+source "$(dirname "$0")/mpi_setup.sh"
+mpi_setup mpirun openmpi-bin || exit 1
 export LD_PRELOAD=$plugin UCX_TLS=${UCX_TLS:-gmd_rc,self} UCX_GMD_PRINT_STATS=y
 out=$(timeout 600 mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ucx --mca osc ucx \
         --mca pml_ucx_tls any --mca pml_ucx_devices any --mca btl self \

@@ -9,9 +9,8 @@ plugin=$1
 prog=$2
 shift 2
 here=$(cd "$(dirname "$0")" && pwd)
-ulimit -l unlimited 2>/dev/null
-[[ -n $(ls /sys/class/infiniband 2>/dev/null) ]] || { echo "FAIL: no RDMA devices"; exit 1; }
-command -v mpirun.mpich >/dev/null || { echo "FAIL: no mpirun.mpich (Debian package mpich)"; exit 1; }
+source "$here/mpi_setup.sh"
+mpi_setup mpirun.mpich mpich || exit 1
 tls=${UCX_TLS:-gmd_rc,self}
 out=$(timeout 600 mpirun.mpich -np 2 -genv LD_PRELOAD "$plugin" -genv UCX_TLS "$tls" \
         -genv UCX_GMD_PRINT_STATS y "$here/mpi_check.sh" --rank "$prog" "$@" 2>&1)

@@ -7,9 +7,9 @@
 set -u
 plugin=$1
 here=$(cd "$(dirname "$0")" && pwd)
-ulimit -l unlimited 2>/dev/null
-[[ -n $(ls /sys/class/infiniband 2>/dev/null) ]] || { echo "FAIL: no RDMA devices"; exit 1; }
-np=$(command -v NPopenmpi) || { echo "FAIL: no NPopenmpi (Debian package netpipe-openmpi)"; exit 1; }
+source "$here/mpi_setup.sh"
+mpi_setup NPopenmpi netpipe-openmpi || exit 1
+np=$(command -v NPopenmpi)
 work=$(mktemp -d) || { echo "FAIL: mktemp"; exit 1; }
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
