@@ -458,7 +458,7 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
 // False when it cannot (no memory, or an overlapped entry could not be purged): then it must never
 // be indexed.
 bool CacheImpl::insert_locked(RegionImpl* r) noexcept {
-  if (!lru_.reserveOne() || !index_.insert(r)) return false;
+  if (!lru_.reserve(1) || !index_.insert(r)) return false;
   // Its requester releases it later, with a tick at least the current clock.
   lru_.push(r, lru_clock_.load(std::memory_order_relaxed));
   return true;
@@ -521,7 +521,7 @@ bool CacheImpl::markInvalid_locked(RegionImpl* r, DoomReason why) noexcept {
   return true;
 }
 
-// `r` just became invalid: it leaves the eviction heap, and its entry is queued for purge.
+// `r` just became invalid: it leaves the eviction order, and its entry is queued for purge.
 void CacheImpl::leaveIndex_locked(RegionImpl* r) noexcept {
   lru_.remove(r);
   index_.queuePurge(r);

@@ -1,5 +1,5 @@
 // The registration cache (internal to rcache/): CacheImpl ties the index, reclamation, the
-// invalidation queue and the eviction heap together. Defined in cache.cc (lookups, misses,
+// invalidation queue and the eviction order together. Defined in cache.cc (lookups, misses,
 // invalidation, deferred work), eviction.cc (limits and LRU eviction) and fork.cc (fork()).
 // See rcache/README.md for the invariants and docs/rcache.md for the design.
 //
@@ -21,7 +21,7 @@
 #include "rcache/block_pool.h"
 #include "rcache/index.h"
 #include "rcache/invalidation_queue.h"
-#include "rcache/lru_heap.h"
+#include "rcache/lru_queue.h"
 #include "rcache/rcache.h"
 #include "rcache/reclaim.h"
 #include "rcache/sync.h"
@@ -38,13 +38,13 @@ class RegionImpl;
 
 // A region's companion record (block_pool.h): the fields only writers and cold paths use, 16 bytes
 // beside the region's cache line, four to a line. Two lifetimes share them: `live` until the
-// region retires (it is then off every list of the cache and the index, and out of the heap),
+// region retires (it is then off every list of the cache and the index, and out of the eviction order),
 // `retired` after.
 struct RegionCold {
   struct Live {
     // Guarded by lock_: the dead_ / zombies_ list, or evictOne_locked()'s skip list.
     RegionImpl* next_dead = nullptr;
-    std::uint32_t heap_pos = 0;  // position in CacheImpl::lru_ (lru_heap.h)
+    std::uint32_t lru_pos = 0;  // position in CacheImpl::lru_ (lru_queue.h)
     std::uint32_t fork_gen = 0;  // the cache's fork generation when registered (set once)
   };
   union {
@@ -72,7 +72,7 @@ class alignas(kCacheLine) RegionImpl final : public Region {
     backend_ = backend;
     reg_ = reg;
     RegionCold* c = new (RegionPool::companion(this)) RegionCold;
-    c->live.heap_pos = kNotInHeap;
+    c->live.lru_pos = kNotQueued;
     c->live.fork_gen = fork_gen;
   }
   ~RegionImpl() = default;
@@ -101,8 +101,9 @@ class alignas(kCacheLine) RegionImpl final : public Region {
   static RegionImpl* ofRecord(RetiredRecord* rec) noexcept {
     return static_cast<RegionImpl*>(RegionPool::blockOf(rec));
   }
-  // Writers (lock_): the heap's member (lru_heap.h) and the dead-list link, in the companion.
-  std::uint32_t& heapPos() const noexcept { return cold()->live.heap_pos; }
+  // Writers (lock_): the eviction order's member (lru_queue.h) and the dead-list link, in the
+  // companion.
+  std::uint32_t& lruPos() const noexcept { return cold()->live.lru_pos; }
   RegionImpl*& nextDead() const noexcept { return cold()->live.next_dead; }
   std::uint32_t forkGen() const noexcept { return cold()->live.fork_gen; }
   // Its companion's second life: the record the retire list links (reclaim.h).
@@ -265,7 +266,7 @@ class CacheImpl final : public Cache {
   // Guarded by lock_.
   RegionImpl* dead_ = nullptr;     // unused invalid regions waiting for deregistration
   RegionImpl* zombies_ = nullptr;  // deregistered, still in the index (a leaf rewrite failed)
-  LruHeap<RegionImpl> lru_;        // valid indexed regions by release tick
+  LruQueue<RegionImpl> lru_;       // valid indexed regions by release tick
   bool work_flag_ = false;         // mirrors kWorkBit in attention_
   // While a miss makes room: what it dooms goes to dead_ without the work bit, and the miss takes
   // it before it lets go of lock_ (getSlow()).

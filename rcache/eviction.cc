@@ -1,32 +1,40 @@
 // Limits and eviction (rule 6): least recently released unused region first, through the writers'
-// heap (lru_heap.h). Every function here requires CacheImpl::lock_.
+// eviction order (lru_queue.h). Every function here requires CacheImpl::lock_.
+#include "common/log.h"
 #include "rcache/cache_impl.h"
 
 namespace gmd::rcache::detail {
+namespace {
+constexpr const char* kModule = "rcache";
+}  // namespace
 
-// Pops the heap until its minimum is an unused region whose key is its current release tick (the
+// Takes the minimum until it is an unused region whose key is its current release tick (the
 // oldest, as every key is at most its region's tick but for the case in docs/rcache.md, "LRU").
 // Held regions are set aside and come back keyed by the current clock: they are released later.
-// Costs O(log n), plus O(log n) per held region met on the way.
+// False when no unused region is left, or (no memory) the order could not take a region back.
 bool CacheImpl::evictOne_locked() noexcept {
   RegionImpl* skipped = nullptr;  // linked by nextDead() (valid regions are on no dead list)
-  bool evicted = false;
+  std::size_t n_skipped = 0;      // each has room reserved for its return
+  bool evicted = false, no_room = false;
   while (lru_.size() != 0) {
-    const LruHeap<RegionImpl>::Item top = lru_.top();
+    const LruQueue<RegionImpl>::Item top = lru_.top();
     RegionImpl* r = top.region;
     const std::uint32_t state = r->state_.load(std::memory_order_acquire);
-    if ((state & kInvalid) != 0) {  // cannot happen: invalid regions leave the heap at once
+    if ((state & kInvalid) != 0) {  // cannot happen: invalid regions leave the order at once
       lru_.remove(r);
       continue;
     }
     if ((state & kHolderMask) != 0) {
+      if ((no_room = !lru_.reserve(n_skipped + 1))) break;
       lru_.remove(r);
       r->nextDead() = skipped;
       skipped = r;
+      ++n_skipped;
       continue;
     }
     const std::uint64_t tick = r->last_used_.load(std::memory_order_relaxed);
     if (tick > top.key) {  // released again since it was keyed
+      if ((no_room = !lru_.reserve(n_skipped + 1))) break;
       lru_.update(r, tick);
       continue;
     }
@@ -44,10 +52,11 @@ bool CacheImpl::evictOne_locked() noexcept {
     RegionImpl* r = skipped;
     skipped = r->nextDead();
     r->nextDead() = nullptr;
-    // Room is there: these items just left the heap. A region released meanwhile keeps its tick.
+    // Room was reserved. A region released meanwhile keeps its tick.
     const bool unused = (r->state_.load(std::memory_order_acquire) & kHolderMask) == 0;
     lru_.push(r, unused ? r->last_used_.load(std::memory_order_relaxed) : now);
   }
+  if (no_room) log(LogLevel::kDebug, kModule, "eviction stopped: no memory for the eviction order");
   return evicted;
 }
 

@@ -101,7 +101,7 @@ void CacheImpl::dropUnusedBeforeFork() noexcept {
 // The child must never hand out nor deregister the parent's registrations, and must touch nothing
 // the parent allocated elsewhere than on the cache's own pages: a heap page that shares a page
 // with a buffer the parent holds registered is absent in the child (MADV_DONTFORK). So the parent's
-// index, regions, dead and retired lists and heap array are abandoned, unread (they leak in the
+// index, regions, dead and retired lists and eviction order are abandoned, unread (they leak in the
 // child: only what the parent held registered at fork is left, the rest was dropped by
 // dropUnusedBeforeFork()). Only this object (its own pages, see operator new) and the reader slots
 // (their own pages too) are written. No allocation here.

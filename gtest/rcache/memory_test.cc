@@ -1,7 +1,8 @@
 // What a cached region costs in memory, and the pieces that decide it: the block pool's companion
 // records (rcache/block_pool.h: found from their block by arithmetic, across spans and slabs), the
-// eviction heap's growth in steps (rcache/lru_heap.h), and the cache's memory per region (one
-// cache line per region, at most 128 bytes with its leaf entry and heap item).
+// eviction order's storage (rcache/lru_queue.h: its run of chunks and the heap beside it, which
+// grows in steps, rcache/lru_heap.h), and the cache's memory per region (one cache line per
+// region, at most 128 bytes with its leaf entry and its item in the eviction order).
 #include <gtest/gtest.h>
 #include <malloc.h>
 
@@ -18,6 +19,7 @@
 #include "gtest/common/fake_backend.h"
 #include "rcache/block_pool.h"
 #include "rcache/lru_heap.h"
+#include "rcache/lru_queue.h"
 #include "rcache/rcache.h"
 
 namespace gmd::rcache::detail {
@@ -93,7 +95,7 @@ TEST(BlockPoolTest, CompanionsFoundFromTheirBlocksAcrossSpansAndSlabs) {
 
 struct HeapNode {
   std::uint32_t pos = kNotInHeap;
-  std::uint32_t& heapPos() noexcept { return pos; }
+  std::uint32_t& lruPos() noexcept { return pos; }
 };
 
 // The heap's array grows by doubling to kStepItems, then by a step or a sixteenth: its spare room
@@ -108,7 +110,7 @@ TEST(LruHeapTest, GrowsInStepsAndKeepsOrderAndPositions) {
   std::size_t growths = 0;
   for (std::size_t k = 0; k < kNodes; ++k) {
     const std::size_t cap0 = heap.capacity();
-    ASSERT_TRUE(heap.reserveOne());
+    ASSERT_TRUE(heap.reserve(1));
     if (heap.capacity() != cap0) {
       ++growths;
       const std::size_t step = cap0 < Heap::kStepItems ? std::max<std::size_t>(64, cap0)
@@ -139,6 +141,131 @@ TEST(LruHeapTest, GrowsInStepsAndKeepsOrderAndPositions) {
     ++popped;
   }
   EXPECT_EQ(popped, kNodes - (kNodes - 1 + 4) / 5);
+}
+
+
+using Queue = LruQueue<HeapNode>;
+
+// Checks the queue against a reference set of (key, node) pairs: the same size, and top() has the
+// smallest key and names a node queued with that key.
+void expectSameMinimum(const Queue& q, const std::set<std::pair<std::uint64_t, std::size_t>>& ref,
+                       const std::vector<HeapNode>& nodes) {
+  ASSERT_EQ(q.size(), ref.size());
+  if (ref.empty()) return;
+  const Queue::Item top = q.top();
+  ASSERT_EQ(top.key, ref.begin()->first);
+  const auto id = static_cast<std::size_t>(top.region - nodes.data());
+  ASSERT_LT(id, nodes.size());
+  ASSERT_EQ(ref.count({top.key, id}), 1u) << "the top names a node queued with its key";
+}
+
+// Random pushes (most in key order, as the cache's are, some older than the run's back: those go
+// to the heap), re-keys, removals from anywhere and pops of the minimum, against a reference set:
+// the minimum is always the smallest key, every removal by position finds its node, and the run's
+// holes never outnumber its items by more than a chunk after a reserve().
+TEST(LruQueueTest, KeepsTheSmallestKeyFirstThroughRandomPushesRekeysAndRemovals) {
+  constexpr std::size_t kNodes = 20000;
+  std::vector<HeapNode> nodes(kNodes);
+  std::vector<std::uint64_t> key_of(kNodes, 0);
+  std::set<std::pair<std::uint64_t, std::size_t>> ref;
+  Queue q;
+  std::mt19937_64 rng(11);
+  std::uint64_t clock = 1000;
+  std::size_t to_heap = 0, rekeys = 0, removals = 0, pops = 0;
+  for (int op = 0; op < 400000; ++op) {
+    const std::size_t id = rng() % kNodes;
+    HeapNode* n = &nodes[id];
+    const bool queued = ref.count({key_of[id], id}) != 0;
+    const unsigned what = static_cast<unsigned>(rng() % 10);
+    if (!queued && what < 6) {
+      ASSERT_TRUE(q.reserve(1));
+      ASSERT_LE(q.runHoles(), std::max(Queue::kChunkItems, q.runSize()) + 1);
+      const std::uint64_t key = rng() % 4 != 0 ? ++clock : clock - rng() % 5000;
+      const std::size_t heap0 = q.heapSize();
+      q.push(n, key);
+      to_heap += q.heapSize() - heap0;
+      key_of[id] = key;
+      ref.insert({key, id});
+    } else if (queued && what < 3) {
+      ASSERT_TRUE(q.reserve(1));
+      const std::uint64_t key = key_of[id] + 1 + rng() % 3000;
+      ref.erase({key_of[id], id});
+      q.update(n, key);
+      key_of[id] = key;
+      ref.insert({key, id});
+      ++rekeys;
+    } else if (queued && what < 7) {
+      q.remove(n);
+      ASSERT_EQ(n->pos, kNotQueued);
+      ref.erase({key_of[id], id});
+      ++removals;
+      q.remove(n);  // not queued: nothing happens
+    } else if (!ref.empty() && what >= 7) {
+      const Queue::Item top = q.top();
+      ASSERT_EQ(top.key, ref.begin()->first);
+      const auto tid = static_cast<std::size_t>(top.region - nodes.data());
+      q.remove(top.region);
+      ASSERT_EQ(ref.erase({top.key, tid}), 1u);
+      ++pops;
+    }
+    if (op % 97 == 0) expectSameMinimum(q, ref, nodes);
+  }
+  expectSameMinimum(q, ref, nodes);
+  EXPECT_GT(to_heap, 1000u);
+  EXPECT_GT(rekeys, 1000u);
+  EXPECT_GT(removals, 1000u);
+  EXPECT_GT(pops, 1000u);
+  std::uint64_t last = 0;
+  while (!ref.empty()) {  // drain in order
+    const Queue::Item top = q.top();
+    ASSERT_GE(top.key, last);
+    ASSERT_EQ(top.key, ref.begin()->first);
+    last = top.key;
+    ref.erase({top.key, static_cast<std::size_t>(top.region - nodes.data())});
+    q.remove(top.region);
+  }
+  EXPECT_EQ(q.size(), 0u);
+}
+
+// Pushes in key order go to the run at about 16 bytes each; removing three of every four from the
+// middle leaves holes that the next reserve() closes, moving the items and their positions (each
+// later removal by position must find its node); the chunks the run no longer needs are reused.
+TEST(LruQueueTest, RunTakesSixteenBytesAnItemAndClosesItsHoles) {
+  constexpr std::size_t kNodes = 100000;
+  std::vector<HeapNode> nodes(kNodes);
+  Queue q;
+  for (std::size_t k = 0; k < kNodes; ++k) {
+    ASSERT_TRUE(q.reserve(1));
+    q.push(&nodes[k], 10 + k);
+  }
+  EXPECT_EQ(q.runSize(), kNodes);
+  EXPECT_EQ(q.heapSize(), 0u);
+  EXPECT_LT(static_cast<double>(q.storageBytes()), 16.2 * kNodes);
+  const std::size_t full = q.storageBytes();
+  for (std::size_t k = 1; k < kNodes; ++k) {
+    if (k % 4 != 0) q.remove(&nodes[k]);
+  }
+  EXPECT_EQ(q.runHoles(), kNodes - 1 - (kNodes - 1) / 4);
+  ASSERT_TRUE(q.reserve(1));
+  EXPECT_EQ(q.runHoles(), 0u) << "more holes than items: closed";
+  EXPECT_LT(q.storageBytes(), full / 3) << "the chunks past the run's new back were released";
+  for (std::size_t k = 4; k < kNodes; k += 8) {  // by position, after the move
+    q.remove(&nodes[k]);
+    ASSERT_EQ(nodes[k].pos, kNotQueued) << k;
+  }
+  std::uint64_t last = 0;
+  std::size_t left = 0;
+  while (q.size() != 0) {
+    const Queue::Item top = q.top();
+    ASSERT_GT(top.key, last);
+    ASSERT_EQ(top.key, 10 + static_cast<std::uint64_t>(top.region - nodes.data()));
+    last = top.key;
+    q.remove(top.region);
+    ++left;
+  }
+  std::size_t kept = 0;  // node 0 and every fourth but those removed by position
+  for (std::size_t k = 0; k < kNodes; ++k) kept += k == 0 || (k % 4 == 0 && k % 8 != 4);
+  EXPECT_EQ(left, kept);
 }
 
 }  // namespace
