@@ -43,6 +43,12 @@ bool CacheImpl::evictOne_locked() noexcept {
       leaveIndex_locked(r);
       doomUnused_locked(r, DoomReason::kEvicted);
       evicted = true;
+      // The next victim, most often: its line is cold in a big cache, and the next miss reads it.
+      if (lru_.size() != 0) {
+        RegionImpl* next = lru_.top().region;
+        __builtin_prefetch(next);
+        __builtin_prefetch(next->cold());
+      }
       break;
     }
     // A reader took it meanwhile: it is held now, look again.

@@ -129,6 +129,8 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
           }
         }
         --j;
+        // Where a purge of the entry after it will look (evicting in release order).
+        if (add == nullptr) remember(i, std::min(at + 1, j));
       } else if (at != size) {
         // Several: compact the kept ones down from the first removal.
         j = at;

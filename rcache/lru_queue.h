@@ -84,6 +84,10 @@ class LruQueue {
   // Room for n more push() or update() calls (and closes the run's holes once they outnumber its
   // items). False on no memory or past 2^31 - 1 items: nothing changed but the holes.
   bool reserve(std::size_t n) noexcept {
+    if (__builtin_expect(alloc_end_ >= back_ + n && heap_.capacity() - heap_.size() >= n &&
+                             holes_ <= kChunkItems && free_count_ <= kSpareChunks, 1)) {
+      return true;
+    }
     if (holes_ > kChunkItems && holes_ > run_live_) compact();
     trimFree(kSpareChunks);
     while (alloc_end_ < back_ + n) {
@@ -113,6 +117,15 @@ class LruQueue {
     at(l).region = nullptr;
     r->lruPos() = kNotQueued;
     --run_live_;
+    if (l + 1 == back_) {  // the last one pushed (a region invalidated soon after its miss)
+      --back_;
+      while (back_ > front_ && at(back_ - 1).region == nullptr) {
+        --back_;
+        --holes_;
+      }
+      if (front_ == back_) back_key_ = 0;
+      return;
+    }
     ++holes_;
     if (l == front_) skipHoles();
   }
