@@ -474,6 +474,14 @@ void CacheImpl::invalidate(const void* address, std::size_t length) noexcept {
     // Reaches the top of the address space (or wraps): everything from the start up.
     r = Range{reinterpret_cast<std::uintptr_t>(address) & ~(config_.alignment - 1), UINTPTR_MAX};
   }
+  // With the writer lock free, the range is applied at once (after what others queued): no
+  // queue, and no raising of attention_, whose two read-modify-writes every other get() would
+  // see. When invalidate() returns, the regions it overlaps are out of the index either way.
+  if (lock_.try_lock()) {
+    applyQueued_locked(/*wait=*/false, &r);
+    lock_.unlock();
+    return;
+  }
   attention_.fetch_add(1, std::memory_order_seq_cst);
   queue_.push(r);
   if (lock_.try_lock()) {
@@ -482,17 +490,16 @@ void CacheImpl::invalidate(const void* address, std::size_t length) noexcept {
   }
 }
 
-void CacheImpl::applyQueued_locked(bool wait) noexcept {
+void CacheImpl::applyQueued_locked(bool wait, const Range* also) noexcept {
   std::uint64_t over = 0;
   doom_batch_ = DoomBatch{true, 0, 0};  // one update of the shared counters per drain
-  const std::uint64_t n = queue_.drain(
-      wait,
-      [&](Range r) {
-        index_.forEachOverlap(r.start, r.end, [&](const Entry& e) {
-          markInvalid_locked(e.region, DoomReason::kInvalidated);
-        });
-      },
-      &over);
+  auto apply = [&](Range r) {
+    index_.forEachOverlap(r.start, r.end, [&](const Entry& e) {
+      markInvalid_locked(e.region, DoomReason::kInvalidated);
+    });
+  };
+  const std::uint64_t n = queue_.drain(wait, apply, &over);
+  if (also != nullptr) queue_.applyNow(*also, apply);
   if (doom_batch_.regions != 0) {
     unused_shared_.fetch_sub(doom_batch_.bytes, std::memory_order_relaxed);
     bump(regions_, -doom_batch_.regions);

@@ -214,7 +214,8 @@ class CacheImpl final : public Cache {
   std::int64_t unusedExact() const noexcept;
 
   // All *_locked members require lock_.
-  void applyQueued_locked(bool wait = true) noexcept;
+  // Applies the queued invalidations, then `also` (an invalidation that was not queued).
+  void applyQueued_locked(bool wait = true, const Range* also = nullptr) noexcept;
   bool markInvalid_locked(RegionImpl* r, DoomReason why) noexcept;
   void leaveIndex_locked(RegionImpl* r) noexcept;
   void doomUnused_locked(RegionImpl* r, DoomReason why) noexcept;

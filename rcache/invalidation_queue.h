@@ -140,6 +140,14 @@ class InvalidationQueue {
     return n;
   }
 
+  // Applies r without queuing it (the writer lock's holder, right after a drain: invalidations
+  // commute), entering it into the history as a drained range.
+  template <typename F>
+  void applyNow(Range r, F apply) noexcept {
+    record(r);
+    apply(r);
+  }
+
   // Fork child: forget what is queued (the parent's regions are dropped wholesale).
   void discard() noexcept {
     Range r;
