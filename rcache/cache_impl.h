@@ -38,8 +38,8 @@ class RegionImpl;
 
 // A region's companion record (block_pool.h): the fields only writers and cold paths use, 16 bytes
 // beside the region's cache line, four to a line. Two lifetimes share them: `live` until the
-// region retires (it is then off every list of the cache and the index, and out of the eviction order),
-// `retired` after.
+// region retires (it is then off every list of the cache and the index, and out of the eviction
+// order), `retired` after.
 struct RegionCold {
   struct Live {
     // Guarded by lock_: the dead_ / zombies_ list, or evictOne_locked()'s skip list.

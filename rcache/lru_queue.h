@@ -6,9 +6,9 @@
 //   to back: a push whose key is at least the last one pushed goes to its back. Regions enter the
 //   cache with the current clock and are most often released in the order they were registered,
 //   so most pushes land here, and taking the minimum from its front costs a few loads where a heap
-//   would sift an item down log n levels of cold lines (and write each moved item's position
-//   into its region's companion record: with 100,000 regions an eviction 271 -> ... ns, see
-//   docs/rcache.md, "LRU");
+//   sifts an item down log n levels of cold lines, writing each moved item's position into its
+//   region's companion record (a third of an eviction among 100,000 regions; docs/rcache.md,
+//   "LRU");
 // - a 4-ary heap (lru_heap.h) for the pushes that would break the run's order (a region re-keyed
 //   with a release tick older than the run's back).
 //
@@ -84,10 +84,9 @@ class LruQueue {
   // Room for n more push() or update() calls (and closes the run's holes once they outnumber its
   // items). False on no memory or past 2^31 - 1 items: nothing changed but the holes.
   bool reserve(std::size_t n) noexcept {
-    if (__builtin_expect(alloc_end_ >= back_ + n && heap_.capacity() - heap_.size() >= n &&
-                             holes_ <= kChunkItems && free_count_ <= kSpareChunks, 1)) {
-      return true;
-    }
+    const bool ready = alloc_end_ >= back_ + n && heap_.capacity() - heap_.size() >= n &&
+                       holes_ <= kChunkItems && free_count_ <= kSpareChunks;
+    if (__builtin_expect(ready, 1)) return true;
     if (holes_ > kChunkItems && holes_ > run_live_) compact();
     trimFree(kSpareChunks);
     while (alloc_end_ < back_ + n) {
@@ -235,21 +234,23 @@ class LruQueue {
     holes_ = 0;
     // Chunks are kept up to the one back_ lies in.
     const std::uint64_t keep_end = (back_ + kChunkItems - 1) / kChunkItems * kChunkItems;
-    for (; alloc_end_ > keep_end; alloc_end_ -= kChunkItems) releaseChunk(alloc_end_ / kChunkItems - 1);
+    for (; alloc_end_ > keep_end; alloc_end_ -= kChunkItems) {
+      releaseChunk(alloc_end_ / kChunkItems - 1);
+    }
     if (front_ == back_) back_key_ = 0;
   }
 
   LruHeap<Node> heap_;
-  Item** map_ = nullptr;  // chunk c at map_[c % map_cap_], for chunks front_ / kChunkItems on
+  Item** map_ = nullptr;     // chunk c at map_[c % map_cap_], for chunks front_ / kChunkItems on
   std::size_t map_cap_ = 0;  // a power of two
   Item* free_ = nullptr;     // chunks to reuse, linked through their first bytes
   std::size_t free_count_ = 0;
-  std::uint64_t front_ = 0;      // the run is [front_, back_); at(front_) is an item, not a hole
+  std::uint64_t front_ = 0;  // the run is [front_, back_); at(front_) is an item, not a hole
   std::uint64_t back_ = 0;
   std::uint64_t alloc_end_ = 0;  // chunks exist for [front_ rounded down, alloc_end_)
   std::size_t run_live_ = 0;
   std::size_t holes_ = 0;
-  std::uint64_t back_key_ = 0;   // the last key pushed onto the run
+  std::uint64_t back_key_ = 0;  // the last key pushed onto the run
 };
 
 }  // namespace gmd::rcache::detail

@@ -143,7 +143,6 @@ TEST(LruHeapTest, GrowsInStepsAndKeepsOrderAndPositions) {
   EXPECT_EQ(popped, kNodes - (kNodes - 1 + 4) / 5);
 }
 
-
 using Queue = LruQueue<HeapNode>;
 
 // Checks the queue against a reference set of (key, node) pairs: the same size, and top() has the
@@ -228,8 +227,9 @@ TEST(LruQueueTest, KeepsTheSmallestKeyFirstThroughRandomPushesRekeysAndRemovals)
 }
 
 // Pushes in key order go to the run at about 16 bytes each; removing three of every four from the
-// middle leaves holes (but at the back) that the next reserve() closes, moving the items and their positions (each
-// later removal by position must find its node); the chunks the run no longer needs are reused.
+// middle leaves holes (but at the back) that the next reserve() closes, moving the items and
+// their positions (each later removal by position must find its node); the chunks the run no
+// longer needs are released.
 TEST(LruQueueTest, RunTakesSixteenBytesAnItemAndClosesItsHoles) {
   constexpr std::size_t kNodes = 100000;
   std::vector<HeapNode> nodes(kNodes);
