@@ -82,7 +82,7 @@ class LruQueue {
     return heap_.top();
   }
   // Room for n more push() or update() calls (and closes the run's holes once they outnumber its
-  // items). False on no memory or past 2^31 - 1 items: nothing changed but the holes.
+  // items). False on no memory or past 2^31 - 1 items (the room it did make stays, for later).
   bool reserve(std::size_t n) noexcept {
     const bool ready = alloc_end_ >= back_ + n && heap_.capacity() - heap_.size() >= n &&
                        holes_ <= kChunkItems && free_count_ <= kSpareChunks;
