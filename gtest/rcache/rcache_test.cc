@@ -766,5 +766,23 @@ TEST(RcacheStress, RandomizedThreadsWithRealMemoryExplicitFeed) {
   be.expectAllDeregisteredOnce();
 }
 
+// The same under a limit of 16 regions (the threads hold at most 8 at once): most misses evict,
+// so the eviction order takes, sets aside and re-keys regions that other threads get, release
+// and invalidate meanwhile. No stale hit, no failed get, each registration deregistered once.
+TEST(RcacheStress, RandomizedThreadsEvictingUnderARegionLimit) {
+  FakeBackend be;
+  Config cfg;
+  cfg.max_regions = 16;
+  std::unique_ptr<Cache> cache;
+  ASSERT_EQ(Cache::create(cfg, &cache), Status::kOk);
+  {
+    StressPool pool;
+    runStress(cache.get(), &be, &pool, StressOptions{});
+  }
+  EXPECT_GT(cache->stats().evictions, 1000u);
+  cache.reset();
+  be.expectAllDeregisteredOnce();
+}
+
 }  // namespace
 }  // namespace gmd::rcache::test
