@@ -237,7 +237,6 @@ class LruQueue {
     for (; alloc_end_ > keep_end; alloc_end_ -= kChunkItems) {
       releaseChunk(alloc_end_ / kChunkItems - 1);
     }
-    if (front_ == back_) back_key_ = 0;
   }
 
   LruHeap<Node> heap_;
