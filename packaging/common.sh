@@ -10,7 +10,7 @@ gmd_log() { printf '\n==> %s\n' "$*"; }
 # Build and run-time dependencies, from Debian's packages only.
 GMD_DEPS=(build-essential cmake pkg-config libucx-dev ucx-utils libibverbs-dev librdmacm-dev
           rdma-core ibverbs-utils ibverbs-providers rdmacm-utils libgtest-dev libgmock-dev
-          libbenchmark-dev openmpi-bin libopenmpi-dev
+          libbenchmark-dev openmpi-bin libopenmpi-dev mpich libmpich-dev netpipe-openmpi
           qemu-system-x86 busybox-static kmod cpio iproute2)
 
 gmd_install_deps() {
@@ -28,18 +28,57 @@ gmd_install_deps() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
-# gmd_build BUILD_DIR [cmake options...]
+# gmd_build BUILD_DIR [cmake options...] [-- build options...] (e.g. -- --target gmd_unit_tests)
 gmd_build() {
   local dir=$1
   shift
-  gmd_log "configuring $dir $*"
+  local -a conf=() bopts=()
+  while (($#)); do
+    if [[ $1 == -- ]]; then shift; bopts=("$@"); break; fi
+    conf+=("$1")
+    shift
+  done
+  gmd_log "configuring $dir ${conf[*]}"
   cmake -S "$GMD_SRC" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
-        -DGMD_WERROR=ON "$@"
-  gmd_log "building $dir"
-  cmake --build "$dir" -j "$GMD_JOBS"
+        -DGMD_WERROR=ON "${conf[@]}" || return 1
+  gmd_log "building $dir ${bopts[*]}"
+  cmake --build "$dir" -j "$GMD_JOBS" "${bopts[@]}"
 }
 
 # True when this machine has an RDMA device of its own (no VM needed).
 gmd_have_rdma() {
   [ -d /sys/class/infiniband ] && [ -n "$(ls -A /sys/class/infiniband 2>/dev/null)" ]
+}
+
+# --- stages (packaging/test.sh, packaging/test-root.sh) ------------------------------------------------
+# gmd_stage RELEASE NAME COMMAND...: runs COMMAND, its output shown and kept in
+# $GMD_TEST_LOGS/RELEASE.NAME.log, and records "stage RELEASE/NAME: PASS|FAIL (N s)" on stdout and in
+# $GMD_STAGE_LOG (when set). Returns COMMAND's status.
+gmd_stage() {
+  local release=$1 name=$2 t=$SECONDS rc result=PASS line log=/dev/null
+  shift 2
+  [[ -n ${GMD_TEST_LOGS:-} ]] && log=$GMD_TEST_LOGS/$release.${name//\//-}.log
+  "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  ((rc == 0)) || result=FAIL
+  line="stage $release/$name: $result ($((SECONDS - t)) s)"
+  echo "$line"
+  [[ -n ${GMD_STAGE_LOG:-} ]] && echo "$line" >>"$GMD_STAGE_LOG"
+  return "$rc"
+}
+
+# gmd_slowest_tests N LOG...: the N slowest ctest entries in stage logs, "seconds release/stage test".
+gmd_slowest_tests() {
+  local n=$1
+  shift
+  awk '
+    match($0, /Test +#[0-9]+: [^ ]+ \.+ *(\*\*\*)?[A-Za-z*]+[ A-Za-z()]* +[0-9.]+ sec/) {
+      s = substr($0, RSTART, RLENGTH)
+      split(s, w, " +")
+      name = ""
+      for (i = 1; i <= length(w); i++) if (w[i] ~ /^#[0-9]+:$/) { name = w[i + 1]; break }
+      secs = w[length(w) - 1]
+      rel = FILENAME; sub(/.*\//, "", rel); sub(/\.log$/, "", rel); sub(/\./, "/", rel)
+      printf "%9.2f s  %-18s %s\n", secs, rel, name
+    }' "$@" | sort -rn | head -n "$n"
 }
