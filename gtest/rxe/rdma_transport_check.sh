@@ -46,7 +46,9 @@ if ((own == 0)); then
   args=(-t tag_bw -s 1048576 -n 50 -w 2 -p 13437 "${mpi_off[@]}")
   LD_PRELOAD=$plugin UCX_GMD_PRINT_STATS=y timeout 120 ucx_perftest "${args[@]}" >"$work/server.log" 2>&1 &
   spid=$!
-  sleep 2
+  # Wait for the server to listen rather than for a fixed time.
+  source "$(dirname "${BASH_SOURCE[0]}")/../transport/perftest_server.sh"
+  wait_for_server "$spid" 13437 || echo "note: the tag_bw server is not listening on port 13437"
   out=$(LD_PRELOAD=$plugin UCX_GMD_PRINT_STATS=y timeout 120 ucx_perftest "${server_ip:-127.0.0.1}" \
         "${args[@]}" 2>&1)
   crc=$?

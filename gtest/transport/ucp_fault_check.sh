@@ -38,7 +38,8 @@ else
   fail=1
 fi
 
-# perftest SIZE ITERS KILL_AFTER: a tag_bw -e pair; with KILL_AFTER > 0 the server is killed then.
+# perftest SIZE ITERS KILL_AFTER: a tag_bw -e pair; with KILL_AFTER > 0 the server is killed under
+# traffic (at the client's first progress line, KILL_AFTER seconds at most).
 perftest() {
   local size=$1 iters=$2 kill_after=$3
   local args=(-t tag_bw -e -s "$size" -n "$iters" -w 2 -p "$port" "${mpi_off[@]}")
@@ -51,7 +52,13 @@ perftest() {
   local cpid=$!
   local crc src
   if ((kill_after > 0)); then
-    sleep "$kill_after"
+    # The kill lands under traffic: once the client has printed its first progress line (its
+    # measured phase has begun), or after KILL_AFTER seconds at most.
+    local t_kill=$((SECONDS + kill_after))
+    while ((SECONDS < t_kill)) && kill -0 "$cpid" 2>/dev/null &&
+      ! grep -Eq '^ *[0-9]+ +[0-9.]+ ' client.log; do
+      sleep 0.1
+    done
     # The server itself, not the `timeout` in front of it (which would leave it serving).
     pkill -9 -P "$spid" ucx_perftest
     kill -9 "$spid" 2>/dev/null
@@ -62,7 +69,7 @@ perftest() {
     # below checks that the requests complete.
     while ((SECONDS - t0 < 60)) && ! grep -q 'error handler called' client.log &&
       kill -0 "$cpid" 2>/dev/null; do
-      sleep 1
+      sleep 0.1
     done
     if grep -q '^Final:' client.log; then
       echo "FAIL: tag_bw -e $size B: the run ended before the kill; raise its iterations"
@@ -72,7 +79,7 @@ perftest() {
       tail -n 5 client.log
       fail=1
     else
-      echo "tag_bw -e $size B, server killed after $kill_after s: the client's error handler ran" \
+      echo "tag_bw -e $size B, server killed under traffic: the client's error handler ran" \
         "within $((SECONDS - t0)) s: $(grep -m1 'error handler called' client.log | sed 's/.*UCX  //')"
     fi
     pkill -9 -P "$cpid" ucx_perftest
@@ -97,7 +104,7 @@ perftest() {
 
 perftest 8192 2000 0
 perftest 1048576 50 0
-perftest 1048576 1000000 6
+perftest 1048576 1000000 20
 
 # gmd_ucp_fault MODE: peer 1 killed under traffic, then peer 2.
 for mode in tag get idle; do
