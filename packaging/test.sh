@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The whole gmd test suite on a fresh Debian 12 machine (as root): installs what it needs, builds, runs
-# the unit and cuda tests (cuda: skipped with a reason without a GPU), the unit tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer and the threaded ones under ThreadSanitizer; builds gmd
-# against the UCX of Debian 13 (trixie, UCX 1.18) and Debian unstable (sid, UCX 1.23), each in a Debian
-# root of that release, and runs its unit tests there (packaging/test-root.sh). Then everything that
-# needs RDMA, in one soft-RoCE VM (one boot, a run-in-vm session) or on this machine's RDMA devices: the
-# rxe tests and the Debian package of each release. Last, a check that a gmd built for one release,
-# loaded into another, stays out with one warning.
+# the unit and cuda tests (cuda: skipped with a reason without a GPU). Then two lanes side by side: on
+# the host, the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer and the threaded
+# ones under ThreadSanitizer, and gmd built against the UCX of Debian 13 (trixie, UCX 1.18) and Debian
+# unstable (sid, UCX 1.23), each in a Debian root of that release, with its unit tests there
+# (packaging/test-root.sh); in one soft-RoCE VM (one boot, a run-in-vm session) or on this machine's
+# RDMA devices, everything that needs RDMA: the rxe tests and the Debian package of each release. Last,
+# a check that a gmd built for one release, loaded into another, stays out with one warning.
 #
 # Ends with one line per stage (result and seconds), the number of VM boots, the ten slowest tests and
 # the UCX release of each; exits non-zero when any stage fails. Each stage's output is also kept in
@@ -39,6 +39,13 @@ host_ucx=$(dpkg-query -W -f='${Version}' libucx0 2>/dev/null || echo unknown)
 host_ucx=${host_ucx%%-*}
 
 summary() {
+  grep -q ': FAIL' "$GMD_STAGE_LOG" && rc=1
+  # What failed, from its stage log (the host lane's output is not on the screen).
+  local f
+  for f in $(sed -n 's/^stage \([^/]*\)\/\([^:]*\): FAIL.*/\1.\2/p' "$GMD_STAGE_LOG"); do
+    gmd_log "FAILED: ${f/./\/} (build-logs/$f.log), its last lines:"
+    tail -n 40 "$GMD_TEST_LOGS/$f.log" 2>/dev/null
+  done
   gmd_log "summary"
   echo "UCX: bookworm $host_ucx$(awk '{printf ", %s %s", $2, $3}' "$GMD_STAGE_LOG.ucx" 2>/dev/null)"
   cat "$GMD_STAGE_LOG"
@@ -57,25 +64,33 @@ gmd_log "tests: unit, cuda ($GMD_BUILD)"
 stage unit+cuda ctest --test-dir "$GMD_BUILD" --output-on-failure -j "$GMD_JOBS" -L 'unit|cuda'
 [[ $only == unit ]] && summary
 
-# The sanitizer builds run only the unit tests: they build only those (target gmd_unit_tests).
-stage asan-build gmd_build "$GMD_SRC/build-asan" -G Ninja -DGMD_ENABLE_ASAN=ON -DGMD_ENABLE_UBSAN=ON \
-  -DGMD_BUILD_BENCH=OFF -- --target gmd_unit_tests
-gmd_log "tests: unit under ASan+UBSan"
-stage asan-unit ctest --test-dir "$GMD_SRC/build-asan" --output-on-failure -j "$GMD_JOBS" -L unit
+# --- the rest, in two lanes side by side --------------------------------------------------------------
+# The host lane (at a lower priority): the sanitizer builds, which build and run only the unit tests
+# (target gmd_unit_tests), and each other Debian release's root, build and unit tests. The VM lane:
+# everything that needs RDMA, in one soft-RoCE VM for all releases (a run-in-vm session), each release
+# once its build is there. The VM leaves part of the cores idle (commands wait on each other and on the
+# network); the builds take that part. Each lane's output goes to its stage logs (build-logs/).
+host_lane() {
+  local suite
+  gmd_stage bookworm asan-build gmd_build "$GMD_SRC/build-asan" -G Ninja -DGMD_ENABLE_ASAN=ON \
+    -DGMD_ENABLE_UBSAN=ON -DGMD_BUILD_BENCH=OFF -- --target gmd_unit_tests &&
+    gmd_stage bookworm asan-unit ctest --test-dir "$GMD_SRC/build-asan" --output-on-failure \
+      -j "$GMD_JOBS" -L unit
+  gmd_stage bookworm tsan-build gmd_build "$GMD_SRC/build-tsan" -G Ninja -DGMD_ENABLE_TSAN=ON \
+    -DGMD_BUILD_BENCH=OFF -- --target gmd_unit_tests &&
+    gmd_stage bookworm tsan-unit env TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1}" \
+      ctest --test-dir "$GMD_SRC/build-tsan" --output-on-failure -j "$GMD_JOBS" -L unit \
+            -R '[Tt]hread|[Ss]tress|[Cc]oncurren'
+  for suite in $suites; do
+    "$GMD_SRC/packaging/test-root.sh" "$suite" build
+    echo $? >"$GMD_TEST_LOGS/built-$suite"
+  done
+}
+gmd_log "host lane (sanitizers; Debian 13 and unstable: roots, builds, unit tests) in the background:" \
+  "build-logs/host-lane.log"
+(renice -n 10 -p "$BASHPID" >/dev/null; host_lane) >"$GMD_TEST_LOGS/host-lane.log" 2>&1 &
+host_pid=$!
 
-stage tsan-build gmd_build "$GMD_SRC/build-tsan" -G Ninja -DGMD_ENABLE_TSAN=ON -DGMD_BUILD_BENCH=OFF \
-  -- --target gmd_unit_tests
-gmd_log "tests: threaded unit tests under TSan"
-stage tsan-unit env TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1}" \
-  ctest --test-dir "$GMD_SRC/build-tsan" --output-on-failure -j "$GMD_JOBS" -L unit \
-        -R '[Tt]hread|[Ss]tress|[Cc]oncurren'
-
-# Other Debian releases: root, build and unit tests (their VM stages come below).
-for suite in $suites; do
-  "$GMD_SRC/packaging/test-root.sh" "$suite" build || rc=1
-done
-
-# --- everything that needs RDMA: one VM for all releases ---------------------------------------------
 if ! gmd_have_rdma; then
   export GMD_VM_SESSION=$GMD_SRC/.vm-cache/session GMD_VM_SESSION_OWNER=$$
   stage vm-boot "$GMD_SRC/gtest/rxe/run-in-vm" --session-start "$GMD_VM_SESSION" ||
@@ -94,12 +109,20 @@ fi
 
 plugins=("$GMD_BUILD/md/libuct_gmd.so")
 for suite in $suites; do
-  "$GMD_SRC/packaging/test-root.sh" "$suite" vm || rc=1
+  while [[ ! -s $GMD_TEST_LOGS/built-$suite ]] && kill -0 "$host_pid" 2>/dev/null; do sleep 1; done
+  if [[ $(cat "$GMD_TEST_LOGS/built-$suite" 2>/dev/null) == 0 ]]; then
+    "$GMD_SRC/packaging/test-root.sh" "$suite" vm || rc=1
+  else
+    echo "$suite: no build (see build-logs/host-lane.log): its VM stages did not run"
+    rc=1
+  fi
   plugins+=("$GMD_SRC/build-$suite/md/libuct_gmd.so")
 done
 if [[ -n ${GMD_VM_SESSION:-} ]]; then
   "$GMD_SRC/gtest/rxe/run-in-vm" --session-stop "$GMD_VM_SESSION"
 fi
+gmd_log "waiting for the host lane"
+wait "$host_pid"
 
 # Every build loaded into every other release's ucx_info (newer roots only: their C++ runtime is
 # newer). "changes nothing": exactly one warning, the rest of the output as without gmd.
