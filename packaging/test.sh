@@ -65,13 +65,18 @@ stage unit+cuda ctest --test-dir "$GMD_BUILD" --output-on-failure -j "$GMD_JOBS"
 [[ $only == unit ]] && summary
 
 # --- the rest, in two lanes side by side --------------------------------------------------------------
-# The host lane (at a lower priority): the sanitizer builds, which build and run only the unit tests
-# (target gmd_unit_tests), and each other Debian release's root, build and unit tests. The VM lane:
+# The host lane: each other Debian release's root, build and unit tests, then the sanitizer builds,
+# which build and run only the unit tests (target gmd_unit_tests). The VM lane:
 # everything that needs RDMA, in one soft-RoCE VM for all releases (a run-in-vm session), each release
 # once its build is there. The VM leaves part of the cores idle (commands wait on each other and on the
 # network); the builds take that part. Each lane's output goes to its stage logs (build-logs/).
 host_lane() {
   local suite
+  # The other releases first: the VM lane waits for their builds.
+  for suite in $suites; do
+    "$GMD_SRC/packaging/test-root.sh" "$suite" build
+    echo $? >"$GMD_TEST_LOGS/built-$suite"
+  done
   gmd_stage bookworm asan-build gmd_build "$GMD_SRC/build-asan" -G Ninja -DGMD_ENABLE_ASAN=ON \
     -DGMD_ENABLE_UBSAN=ON -DGMD_BUILD_BENCH=OFF -- --target gmd_unit_tests &&
     gmd_stage bookworm asan-unit ctest --test-dir "$GMD_SRC/build-asan" --output-on-failure \
@@ -81,14 +86,10 @@ host_lane() {
     gmd_stage bookworm tsan-unit env TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1}" \
       ctest --test-dir "$GMD_SRC/build-tsan" --output-on-failure -j "$GMD_JOBS" -L unit \
             -R '[Tt]hread|[Ss]tress|[Cc]oncurren'
-  for suite in $suites; do
-    "$GMD_SRC/packaging/test-root.sh" "$suite" build
-    echo $? >"$GMD_TEST_LOGS/built-$suite"
-  done
 }
 gmd_log "host lane (sanitizers; Debian 13 and unstable: roots, builds, unit tests) in the background:" \
   "build-logs/host-lane.log"
-(renice -n 10 -p "$BASHPID" >/dev/null; host_lane) >"$GMD_TEST_LOGS/host-lane.log" 2>&1 &
+host_lane >"$GMD_TEST_LOGS/host-lane.log" 2>&1 &
 host_pid=$!
 
 if ! gmd_have_rdma; then
