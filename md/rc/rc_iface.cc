@@ -296,7 +296,8 @@ ucs_status_t Iface::query(uct_iface_attr_t* attr) noexcept {
   attr->cap.get.opt_zcopy_align = 1;
   attr->cap.get.align_mtu = mtuBytes(port_.attr.active_mtu);
   attr->cap.get.max_iov = limits_.max_read_sge;
-  attr->cap.am.max_short = amMaxShort() - sizeof(std::uint64_t);
+  // UCT counts am_short's 8-byte header in max_short (as rc_verbs): exactly what amShort accepts.
+  attr->cap.am.max_short = amMaxShort();
   attr->cap.am.max_bcopy = limits_.seg_size;
   attr->cap.am.min_zcopy = 0;
   attr->cap.am.max_zcopy = limits_.seg_size - amMaxHdr();

@@ -105,7 +105,8 @@ class Iface {
   // completed together (UCX_GMD_RC_MAX_READ; defaultReadSize in md/rc/rc_config.cc explains the
   // soft-RoCE default).
   std::size_t readSize() const noexcept { return limits_.max_read; }
-  // Active-message limits (also what query() reports).
+  // Active-message limits (also what query() reports). amMaxShort is a whole am_short message:
+  // its 8-byte header and payload (am_short_iov: the iovecs' total), as UCT defines max_short.
   std::size_t amMaxShort() const noexcept;
   std::size_t amMaxIov() const noexcept { return limits_.qp.max_send_sge - 1; }
   std::size_t amMaxHdr() const noexcept;
