@@ -1,6 +1,6 @@
 // gmd_rc against the UCT contract where UCX's own rc_verbs sets the example, through the public UCT
 // API on real RDMA devices (soft-RoCE in the VM), rxe1 → rxe0 and rxe0 → rxe0: am.max_short counts
-// the 8-byte header.
+// the 8-byte header; caller errors on the data path are logged at error level.
 #include <gtest/gtest.h>
 #include <ucs/config/global_opts.h>
 #include <ucs/debug/log_def.h>
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -179,6 +180,145 @@ TEST_P(GmdRcContract, AmMaxShortCountsTheHeader) {
     EXPECT_EQ(1u, log.count(UCS_LOG_LEVEL_DEBUG, "am_short")) << log.dump();
   }
   EXPECT_TRUE(noMoreThan(2)) << "the refused am_short_iov arrived";
+}
+
+size_t packBytes(void* dest, void* arg) {
+  const std::size_t n = *static_cast<const std::size_t*>(arg);
+  std::memset(dest, 0x5a, n);
+  return n;
+}
+
+void unpackNothing(void*, const void*, size_t) {}
+
+// Caller errors on the data path are refused with UCS_ERR_INVALID_PARAM and one error-level line
+// with the words UCX's transports use ("Invalid ... length", "Invalid active message id"), as UCX
+// built with parameter checks (Debian's) logs them: lengths above each advertised cap, an AM id at
+// UCT_AM_ID_MAX, a zero-copy header above max_hdr, more iov entries than max_iov. Nothing is sent.
+// mem_dereg's argument checks stay quiet, as UCX's memory domains are.
+TEST_P(GmdRcContract, CallerErrorsAreLoggedAtErrorLevel) {
+  const auto& cap = attr_.cap;
+  Mapping local(2 * kPage), remote(kPage);
+  uct_mem_h lmemh = reg(init_.md, local.addr, local.length);
+  uct_mem_h rmemh = reg(target_.md, remote.addr, remote.length);
+  uct_rkey_bundle_t rk = rkeyOf(target_.md, rmemh);
+  const auto raddr = reinterpret_cast<std::uint64_t>(remote.addr);
+  std::vector<std::uint8_t> big(cap.am.max_bcopy + cap.put.max_bcopy + kPage);
+  const std::uint8_t bad_id = UCT_AM_ID_MAX;
+  Comp comp;
+
+  struct Case {
+    const char* what;
+    const char* word;
+    std::function<ucs_status_t()> call;
+  };
+  const std::vector<Case> cases = {
+      {"put_short above put.max_short", "Invalid length",
+       [&] {
+         return uct_ep_put_short(ep_, big.data(), static_cast<unsigned>(cap.put.max_short + 1),
+                                 raddr, rk.rkey);
+       }},
+      {"put_bcopy above put.max_bcopy", "Invalid length",
+       [&] {
+         std::size_t n = cap.put.max_bcopy + 1;
+         return static_cast<ucs_status_t>(uct_ep_put_bcopy(ep_, packBytes, &n, raddr, rk.rkey));
+       }},
+      {"get_bcopy above get.max_bcopy", "Invalid length",
+       [&] {
+         return uct_ep_get_bcopy(ep_, unpackNothing, nullptr, cap.get.max_bcopy + 1, raddr,
+                                 rk.rkey, &comp.c);
+       }},
+      {"put_zcopy above put.max_zcopy", "Invalid length",
+       [&] {
+         uct_iov_t iov{local.addr, cap.put.max_zcopy + 1, lmemh, 0, 1};
+         return uct_ep_put_zcopy(ep_, &iov, 1, raddr, rk.rkey, &comp.c);
+       }},
+      {"get_zcopy above get.max_zcopy", "Invalid length",
+       [&] {
+         uct_iov_t iov{local.addr, cap.get.max_zcopy + 1, lmemh, 0, 1};
+         return uct_ep_get_zcopy(ep_, &iov, 1, raddr, rk.rkey, &comp.c);
+       }},
+      {"am_short above am.max_short", "Invalid length",
+       [&] {
+         return uct_ep_am_short(ep_, kAmId, 0, big.data(),
+                                static_cast<unsigned>(cap.am.max_short - 7));
+       }},
+      {"am_short_iov above am.max_short", "Invalid length",
+       [&] {
+         uct_iov_t iov{big.data(), cap.am.max_short + 1, nullptr, 0, 1};
+         return uct_ep_am_short_iov(ep_, kAmId, &iov, 1);
+       }},
+      {"am_bcopy above am.max_bcopy", "Invalid length",
+       [&] {
+         std::size_t n = cap.am.max_bcopy + 1;
+         return static_cast<ucs_status_t>(uct_ep_am_bcopy(ep_, kAmId, packBytes, &n, 0));
+       }},
+      {"am_zcopy header above am.max_hdr", "Invalid length",
+       [&] {
+         uct_iov_t iov{local.addr, 8, lmemh, 0, 1};
+         return uct_ep_am_zcopy(ep_, kAmId, big.data(), static_cast<unsigned>(cap.am.max_hdr + 1),
+                                &iov, 1, 0, &comp.c);
+       }},
+      {"am_zcopy payload above am.max_zcopy", "Invalid length",
+       [&] {
+         uct_iov_t iov{local.addr, cap.am.max_zcopy + 1, lmemh, 0, 1};
+         return uct_ep_am_zcopy(ep_, kAmId, nullptr, 0, &iov, 1, 0, &comp.c);
+       }},
+      {"am_zcopy with more than am.max_iov entries", "Invalid iov count",
+       [&] {
+         std::vector<uct_iov_t> iov(cap.am.max_iov + 1, uct_iov_t{local.addr, 8, lmemh, 0, 1});
+         return uct_ep_am_zcopy(ep_, kAmId, nullptr, 0, iov.data(), iov.size(), 0, &comp.c);
+       }},
+      {"am_short_iov with more than am.max_iov entries", "Invalid iov count",
+       [&] {
+         std::vector<uct_iov_t> iov(cap.am.max_iov + 1, uct_iov_t{big.data(), 1, nullptr, 0, 1});
+         return uct_ep_am_short_iov(ep_, kAmId, iov.data(), iov.size());
+       }},
+      {"put_zcopy with more than put.max_iov entries", "Invalid iov count",
+       [&] {
+         std::vector<uct_iov_t> iov(cap.put.max_iov + 1, uct_iov_t{local.addr, 8, lmemh, 0, 1});
+         return uct_ep_put_zcopy(ep_, iov.data(), iov.size(), raddr, rk.rkey, &comp.c);
+       }},
+      {"am_short with AM id 32", "Invalid active message id",
+       [&] { return uct_ep_am_short(ep_, bad_id, 0, big.data(), 1); }},
+      {"am_short_iov with AM id 32", "Invalid active message id",
+       [&] {
+         uct_iov_t iov{big.data(), 1, nullptr, 0, 1};
+         return uct_ep_am_short_iov(ep_, bad_id, &iov, 1);
+       }},
+      {"am_bcopy with AM id 32", "Invalid active message id",
+       [&] {
+         std::size_t n = 16;
+         return static_cast<ucs_status_t>(uct_ep_am_bcopy(ep_, bad_id, packBytes, &n, 0));
+       }},
+      {"am_zcopy with AM id 32", "Invalid active message id",
+       [&] {
+         uct_iov_t iov{local.addr, 8, lmemh, 0, 1};
+         return uct_ep_am_zcopy(ep_, bad_id, nullptr, 0, &iov, 1, 0, &comp.c);
+       }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    LogCapture log;
+    EXPECT_EQ(UCS_ERR_INVALID_PARAM, c.call());
+    EXPECT_EQ(1u, log.count(UCS_LOG_LEVEL_ERROR, c.word))
+        << "expected one error-level line with \"" << c.word << "\"; logged:\n"
+        << log.dump();
+  }
+  EXPECT_TRUE(noMoreThan(0)) << "a refused message arrived";
+  EXPECT_EQ(0, comp.calls) << "a refused operation completed";
+
+  {
+    LogCapture log;
+    uct_md_mem_dereg(init_.md, UCT_MEM_HANDLE_NULL);
+    EXPECT_EQ(0u, log.countAtLeast(UCS_LOG_LEVEL_WARN))
+        << "mem_dereg's argument checks are quiet:\n" << log.dump();
+  }
+  // The endpoint still works.
+  ASSERT_EQ(UCS_OK, retry([&] { return uct_ep_am_short(ep_, kAmId, 3, nullptr, 0); }));
+  EXPECT_TRUE(progressUntil([&] { return seen_.messages.size() == 1; }));
+  uct_rkey_release(comp_, &rk);
+  uct_md_mem_dereg(target_.md, rmemh);
+  uct_md_mem_dereg(init_.md, lmemh);
 }
 
 }  // namespace

@@ -81,7 +81,8 @@ ucs_status_t Ep::rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t io
   if (error_ != UCS_OK) return error_;
   if (state_ != State::kReady || queuedBehindPending()) return UCS_ERR_NO_RESOURCE;
   if (iovcnt > iface_->maxIov(opcode)) {
-    ucs_error("gmd_rc: %zu iov entries, at most %zu", iovcnt, iface_->maxIov(opcode));
+    ucs_error("gmd_rc: %s_zcopy: Invalid iov count %zu, at most %zu",
+              opcode == IBV_WR_RDMA_READ ? "get" : "put", iovcnt, iface_->maxIov(opcode));
     return UCS_ERR_INVALID_PARAM;
   }
   ibv_sge sge[kMaxSge];
@@ -90,8 +91,9 @@ ucs_status_t Ep::rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t io
   if (ucs_status_t st = iovToSge(iov, iovcnt, sge, &nsge, &total); st != UCS_OK) return st;
   if (nsge == 0) return UCS_OK;
   if (total > iface_->limits_.max_msg) {
-    ucs_error("gmd_rc: %llu bytes exceed the port's maximal message size %llu",
-              static_cast<unsigned long long>(total),
+    ucs_error("gmd_rc: %s_zcopy: Invalid length %llu, at most %llu bytes (the port's maximal "
+              "message size)",
+              opcode == IBV_WR_RDMA_READ ? "get" : "put", static_cast<unsigned long long>(total),
               static_cast<unsigned long long>(iface_->limits_.max_msg));
     return UCS_ERR_INVALID_PARAM;
   }

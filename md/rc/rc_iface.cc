@@ -284,6 +284,8 @@ std::size_t Iface::amMaxHdr() const noexcept {
   return std::min(kMaxAmHeader, limits_.seg_size / 4);
 }
 
+std::size_t Iface::amMaxZcopy() const noexcept { return limits_.seg_size - amMaxHdr(); }
+
 ucs_status_t Iface::query(uct_iface_attr_t* attr) noexcept {
   std::memset(attr, 0, sizeof(*attr));
   attr->cap.put.max_zcopy = limits_.max_msg;
@@ -300,7 +302,7 @@ ucs_status_t Iface::query(uct_iface_attr_t* attr) noexcept {
   attr->cap.am.max_short = amMaxShort();
   attr->cap.am.max_bcopy = limits_.seg_size;
   attr->cap.am.min_zcopy = 0;
-  attr->cap.am.max_zcopy = limits_.seg_size - amMaxHdr();
+  attr->cap.am.max_zcopy = amMaxZcopy();
   attr->cap.am.opt_zcopy_align = 1;
   attr->cap.am.align_mtu = mtuBytes(port_.attr.active_mtu);
   attr->cap.am.max_hdr = amMaxHdr();

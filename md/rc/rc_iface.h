@@ -110,6 +110,7 @@ class Iface {
   std::size_t amMaxShort() const noexcept;
   std::size_t amMaxIov() const noexcept { return limits_.qp.max_send_sge - 1; }
   std::size_t amMaxHdr() const noexcept;
+  std::size_t amMaxZcopy() const noexcept;  // am_zcopy's payload, the header not counted
   std::size_t txInline() const noexcept { return tx_inline_; }
   // --- Small RMA and atomics (md/rc/rc_rma.cc, md/rc/rc_atomic.cc) ---
   // put_short / put_bcopy / get_bcopy limits (also what query() reports).
