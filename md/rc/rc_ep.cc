@@ -297,6 +297,26 @@ void Ep::retire(std::uint64_t sn, ucs_status_t status) noexcept {
   }
 }
 
+void Ep::cancelOutstanding() noexcept {
+  // Detached first: nothing a callback does reaches them again, and the slots' work requests,
+  // when they come back from the CQ, find no completion to call.
+  std::deque<FlushWaiter> flushes;
+  flushes.swap(flushes_);
+  for (std::size_t i = 0; i < inflight_; ++i) {
+    Slot& slot = ring_[(ring_head_ + i) % ring_.size()];
+    uct_completion_t* comp = slot.comp;
+    slot.comp = nullptr;
+    slot.unpack = nullptr;
+    complete(comp, UCS_ERR_CANCELED);
+    // Flushes in order with the operations they wait for (work request sn = completed_ + 1 + i).
+    while (!flushes.empty() && flushes.front().sn <= completed_ + 1 + i) {
+      complete(flushes.front().comp, UCS_ERR_CANCELED);
+      flushes.pop_front();
+    }
+  }
+  for (const FlushWaiter& f : flushes) complete(f.comp, UCS_ERR_CANCELED);
+}
+
 bool Ep::fail(ucs_status_t status) noexcept {
   if (error_ != UCS_OK) return false;
   error_ = status;

@@ -453,16 +453,11 @@ void Iface::destroyEp(Ep* ep) noexcept {
     ep->in_pending_list_ = false;
   }
   ep->pending_.clear();
-  ep->flushes_.clear();
   ep->destroyed_ = true;
   // Tell the peer now (a release frame, or closing the link if it was the last): its listener
   // destroys the passive QP. The QP number stays ours until release(), so no new endpoint's request
   // can overtake the release with the same number.
   leaveLink(ep, true);
-  if (ep->inflight_ == 0 && !in_progress_) {
-    release(ep);
-    return;
-  }
   // Work requests still in the CQ name this endpoint: flush them out and free it when they are in.
   // An unsignaled newest one may have completed silently: a signaled one after it retires it.
   if (ep->inflight_ > 0 && ep->qp_ != nullptr) {
@@ -470,6 +465,13 @@ void Iface::destroyEp(Ep* ep) noexcept {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_ERR;
     ibv_modify_qp(ep->qp_, &a, IBV_QP_STATE);
+  }
+  // Every outstanding completion is called (UCS_ERR_CANCELED) before uct_ep_destroy returns, after
+  // the QP stopped working on the caller's buffers; the slots then hold none.
+  ep->cancelOutstanding();
+  if (ep->inflight_ == 0 && !in_progress_) {
+    release(ep);
+    return;
   }
   destroyed_.push_back(ep);
 }
