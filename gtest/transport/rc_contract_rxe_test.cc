@@ -1,12 +1,14 @@
 // gmd_rc against the UCT contract where UCX's own rc_verbs sets the example, through the public UCT
 // API on real RDMA devices (soft-RoCE in the VM), rxe1 → rxe0 and rxe0 → rxe0: am.max_short counts
 // the 8-byte header; caller errors on the data path are logged at error level; destroying an
-// endpoint completes its outstanding operations and flushes with UCS_ERR_CANCELED.
+// endpoint completes its outstanding operations and flushes with UCS_ERR_CANCELED; am_alignment and
+// am_align_offset are validated and honoured.
 #include <gtest/gtest.h>
 #include <ucs/config/global_opts.h>
 #include <ucs/debug/log_def.h>
 #include <uct/api/uct.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -412,6 +414,234 @@ TEST_P(GmdRcContract, DestroyCancelsOutstandingOperationsOnce) {
   // The fixture's endpoint still works.
   ASSERT_EQ(UCS_OK, retry([&] { return uct_ep_am_short(ep_, kAmId, 3, nullptr, 0); }));
   EXPECT_TRUE(progressUntil([&] { return seen_.messages.size() == 1; }));
+}
+
+// An iface on `dev` of `md` with the fixture's settings, rx headroom `headroom` and whatever `tweak`
+// sets in its parameters; the status of uct_iface_open (the iface in *iface on success).
+ucs_status_t openIface(uct_md_h md, uct_worker_h worker, const std::string& dev,
+                       std::size_t headroom,
+                       const std::function<void(uct_iface_params_t*)>& tweak, uct_iface_h* iface) {
+  uct_iface_config_t* ic = nullptr;
+  if (ucs_status_t st = uct_md_iface_config_read(md, "gmd_rc", nullptr, nullptr, &ic);
+      st != UCS_OK) {
+    return st;
+  }
+  const std::string port = dev + ":1";
+  uct_iface_params_t p{};
+  p.field_mask = UCT_IFACE_PARAM_FIELD_OPEN_MODE | UCT_IFACE_PARAM_FIELD_RX_HEADROOM;
+  p.rx_headroom = headroom;
+  p.open_mode = UCT_IFACE_OPEN_MODE_DEVICE;
+  p.mode.device.tl_name = "gmd_rc";
+  p.mode.device.dev_name = port.c_str();
+  tweak(&p);
+  const ucs_status_t st = uct_iface_open(md, worker, &p, ic, iface);
+  uct_config_release(ic);
+  return st;
+}
+
+// am_alignment / am_align_offset of uct_iface_params_t, checked as UCX's transports check them: an
+// alignment of 0 or not a power of two, an offset without an alignment, an offset at or above the
+// alignment are refused with UCS_ERR_INVALID_PARAM and an error line; sane values open.
+TEST_P(GmdRcContract, InvalidAmAlignmentIsRefused) {
+  const std::string dev = rdmaDeviceNames()[0];
+  struct Case {
+    const char* what;
+    std::uint64_t mask;
+    std::size_t align, offset;
+  };
+  constexpr std::uint64_t kA = UCT_IFACE_PARAM_FIELD_AM_ALIGNMENT;
+  constexpr std::uint64_t kO = UCT_IFACE_PARAM_FIELD_AM_ALIGN_OFFSET;
+  const std::vector<Case> bad = {
+      {"alignment 0", kA, 0, 0},
+      {"alignment 3", kA, 3, 0},
+      {"alignment 48", kA, 48, 0},
+      {"alignment 0 with offset 0", kA | kO, 0, 0},
+      {"offset without alignment", kO, 0, 8},
+      {"offset 0 without alignment", kO, 64, 0},
+      {"offset equal to the alignment", kA | kO, 64, 64},
+      {"offset above the alignment", kA | kO, 64, 100},
+      {"offset 1 with alignment 1", kA | kO, 1, 1},
+  };
+  for (const Case& c : bad) {
+    SCOPED_TRACE(c.what);
+    LogCapture log;
+    uct_iface_h iface = nullptr;
+    const ucs_status_t st = openIface(target_.md, worker_, dev, 0, [&](uct_iface_params_t* p) {
+      p->field_mask |= c.mask;
+      p->am_alignment = c.align;
+      p->am_align_offset = c.offset;
+    }, &iface);
+    EXPECT_EQ(UCS_ERR_INVALID_PARAM, st) << ucs_status_string(st);
+    if (st == UCS_OK) uct_iface_close(iface);
+    EXPECT_EQ(1u, log.count(UCS_LOG_LEVEL_ERROR, "am_align")) << log.dump();
+  }
+  for (const Case& c : std::vector<Case>{{"alignment 1", kA, 1, 0},
+                                         {"alignment 1, offset 0", kA | kO, 1, 0},
+                                         {"alignment 4096, offset 4095", kA | kO, 4096, 4095}}) {
+    SCOPED_TRACE(c.what);
+    uct_iface_h iface = nullptr;
+    const ucs_status_t st = openIface(target_.md, worker_, dev, 0, [&](uct_iface_params_t* p) {
+      p->field_mask |= c.mask;
+      p->am_alignment = c.align;
+      p->am_align_offset = c.offset;
+    }, &iface);
+    EXPECT_EQ(UCS_OK, st) << ucs_status_string(st);
+    if (st == UCS_OK) uct_iface_close(iface);
+  }
+}
+
+// What an aligned receiver saw: every data pointer, the kept descriptors, the messages' bytes.
+struct AlignedRx {
+  std::size_t align = 1, offset = 0;
+  std::size_t messages = 0, misaligned = 0, corrupt = 0;
+  std::vector<void*> kept;
+  std::string first_bad;
+};
+
+ucs_status_t alignedHandler(void* arg, void* data, size_t length, unsigned flags) {
+  auto* r = static_cast<AlignedRx*>(arg);
+  ++r->messages;
+  const auto at = reinterpret_cast<std::uintptr_t>(data) + r->offset;
+  if (at % r->align != 0) {
+    ++r->misaligned;
+    if (r->first_bad.empty()) {
+      r->first_bad = "data " + std::to_string(reinterpret_cast<std::uintptr_t>(data)) + " + " +
+                     std::to_string(r->offset) + " is " + std::to_string(at % r->align) +
+                     " past an " + std::to_string(r->align) + "-byte boundary (" +
+                     std::to_string(length) + "-byte message)";
+    }
+  }
+  // Every message is the pattern of seed `length`.
+  if (checkPattern(data, length, length) != length) ++r->corrupt;
+  // Keep every other descriptor (released by the test): kept ones are aligned too.
+  if ((flags & UCT_CB_PARAM_FLAG_DESC) && r->messages % 2 == 0) {
+    r->kept.push_back(data);
+    return UCS_INPROGRESS;
+  }
+  return UCS_OK;
+}
+
+// A receiver opened with am_alignment A and am_align_offset O gets every message with data + O on
+// an A-byte boundary: A from 1 B to 4 KiB, offsets 0, 1, A/2 and A-1, rx headroom 24 (as UCP asks),
+// am_short, am_short_iov, am_bcopy (small and a whole segment) and am_zcopy (header and payload),
+// half of them kept by the handler and released later, every byte checked.
+TEST_P(GmdRcContract, AmAlignmentIsHonoured) {
+  const std::string dev = rdmaDeviceNames()[0];
+  constexpr std::size_t kHeadroom = 24;
+  const auto& cap = attr_.cap.am;
+  Mapping zsrc(cap.max_zcopy + kPage);
+  uct_mem_h zmemh = reg(init_.md, zsrc.addr, zsrc.length);
+  struct Release {
+    std::function<void()> f;
+    ~Release() { f(); }
+  } release{[&] { uct_md_mem_dereg(init_.md, zmemh); }};
+  std::vector<std::uint8_t> buf(cap.max_bcopy);
+
+  for (std::size_t align = 1; align <= 4096; align *= 4) {
+    std::vector<std::size_t> offsets{0};
+    for (std::size_t o : {std::size_t{1}, align / 2, align - 1}) {
+      if (o > 0 && o < align && std::find(offsets.begin(), offsets.end(), o) == offsets.end()) {
+        offsets.push_back(o);
+      }
+    }
+    for (std::size_t offset : offsets) {
+      SCOPED_TRACE("am_alignment " + std::to_string(align) + ", am_align_offset " +
+                   std::to_string(offset));
+      Side& side = extra_sides_.emplace_back();
+      side.md = target_.md;
+      const ucs_status_t st = openIface(target_.md, worker_, dev, kHeadroom,
+                                        [&](uct_iface_params_t* p) {
+        p->field_mask |= UCT_IFACE_PARAM_FIELD_AM_ALIGNMENT | UCT_IFACE_PARAM_FIELD_AM_ALIGN_OFFSET;
+        p->am_alignment = align;
+        p->am_align_offset = offset;
+      }, &side.iface);
+      ASSERT_EQ(UCS_OK, st) << ucs_status_string(st);
+      uct_iface_progress_enable(side.iface, UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
+      side.dev_addr.resize(attr_.device_addr_len);
+      side.iface_addr.resize(attr_.iface_addr_len);
+      ASSERT_EQ(UCS_OK, uct_iface_get_device_address(
+                            side.iface, reinterpret_cast<uct_device_addr_t*>(side.dev_addr.data())));
+      ASSERT_EQ(UCS_OK, uct_iface_get_address(
+                            side.iface, reinterpret_cast<uct_iface_addr_t*>(side.iface_addr.data())));
+      AlignedRx rx;
+      rx.align = align;
+      rx.offset = offset;
+      ASSERT_EQ(UCS_OK, uct_iface_set_am_handler(side.iface, kAmId, alignedHandler, &rx, 0));
+      uct_ep_h ep = connect(init_, side);
+      ASSERT_NE(nullptr, ep);
+      extra_eps_.push_back(ep);
+
+      std::size_t sent = 0;
+      // am_short: the 8-byte header is the pattern's first 8 bytes of seed 8 + len.
+      for (std::size_t len : {std::size_t{0}, std::size_t{13}, cap.max_short - 8}) {
+        fillPattern(buf.data(), len + 8, len + 8);
+        std::uint64_t hdr;
+        std::memcpy(&hdr, buf.data(), 8);
+        ASSERT_EQ(UCS_OK, retry([&] {
+          return uct_ep_am_short(ep, kAmId, hdr, buf.data() + 8, static_cast<unsigned>(len));
+        })) << "am_short " << len;
+        ++sent;
+      }
+      {
+        fillPattern(buf.data(), 77, 77);
+        uct_iov_t iov[2] = {{buf.data(), 30, nullptr, 0, 1}, {buf.data() + 30, 47, nullptr, 0, 1}};
+        ASSERT_GE(cap.max_iov, 2u);
+        ASSERT_EQ(UCS_OK, retry([&] { return uct_ep_am_short_iov(ep, kAmId, iov, 2); }));
+        ++sent;
+      }
+      for (std::size_t len : {std::size_t{1}, std::size_t{1000}, cap.max_bcopy}) {
+        fillPattern(buf.data(), len, len);
+        struct Arg {
+          const std::uint8_t* src;
+          std::size_t len;
+        } a{buf.data(), len};
+        ssize_t r = UCS_ERR_NO_RESOURCE;
+        progressUntil([&] {
+          r = uct_ep_am_bcopy(ep, kAmId,
+                              [](void* dest, void* arg) -> size_t {
+                                const auto* me = static_cast<const Arg*>(arg);
+                                std::memcpy(dest, me->src, me->len);
+                                return me->len;
+                              },
+                              &a, 0);
+          return r != UCS_ERR_NO_RESOURCE;
+        });
+        ASSERT_EQ(static_cast<ssize_t>(len), r) << "am_bcopy " << len;
+        ++sent;
+      }
+      for (std::size_t plen : {std::size_t{0}, std::size_t{3000}, cap.max_zcopy}) {
+        const std::size_t hlen = std::min<std::size_t>(16, cap.max_hdr);
+        const std::size_t len = hlen + plen;
+        fillPattern(buf.data(), len, len);
+        std::memcpy(zsrc.addr, buf.data() + hlen, plen);
+        uct_iov_t iov{zsrc.addr, plen, zmemh, 0, 1};
+        Comp c;
+        const ucs_status_t zst = retry([&] {
+          return uct_ep_am_zcopy(ep, kAmId, buf.data(), static_cast<unsigned>(hlen), &iov, 1, 0,
+                                 &c.c);
+        });
+        ASSERT_TRUE(zst == UCS_OK || zst == UCS_INPROGRESS) << ucs_status_string(zst);
+        if (zst == UCS_INPROGRESS) {
+          ASSERT_TRUE(progressUntil([&] { return c.calls > 0; }));
+        }
+        ++sent;
+      }
+      ASSERT_TRUE(progressUntil([&] { return rx.messages >= sent; }))
+          << rx.messages << " of " << sent << " arrived";
+      EXPECT_EQ(0u, rx.misaligned) << rx.first_bad;
+      EXPECT_EQ(0u, rx.corrupt);
+      EXPECT_FALSE(rx.kept.empty());
+      for (void* d : rx.kept) {
+        EXPECT_EQ(0u, (reinterpret_cast<std::uintptr_t>(d) + offset) % align) << "kept";
+        uct_iface_release_desc(static_cast<std::uint8_t*>(d) - kHeadroom);
+      }
+      flushEp(ep);
+      uct_ep_destroy(ep);
+      extra_eps_.pop_back();
+      uct_iface_close(side.iface);
+      side.iface = nullptr;
+    }
+  }
 }
 
 }  // namespace

@@ -110,6 +110,37 @@ constexpr std::uint8_t kPriority = 255;
 // Latency added per endpoint, as UCX's rc_verbs reports (one QP each).
 constexpr double kLatencyPerEp = 1e-9;
 
+// uct_iface_params_t's receive alignment (fields present in every UCX gmd supports, 1.13 on),
+// checked as UCX's own transports check it: an alignment is a power of two (not 0), an offset needs
+// an alignment and stays below it. Bad values: UCS_ERR_INVALID_PARAM and one error line.
+ucs_status_t amAlignment(const uct_iface_params_t* params, std::size_t* align,
+                         std::size_t* offset) noexcept {
+  const bool has_align = (params->field_mask & UCT_IFACE_PARAM_FIELD_AM_ALIGNMENT) != 0;
+  const bool has_offset = (params->field_mask & UCT_IFACE_PARAM_FIELD_AM_ALIGN_OFFSET) != 0;
+  *align = 1;
+  *offset = 0;
+  if (!has_align) {
+    if (has_offset) {
+      ucs_error("gmd_rc: am_align_offset %zu given without am_alignment", params->am_align_offset);
+      return UCS_ERR_INVALID_PARAM;
+    }
+    return UCS_OK;
+  }
+  const std::size_t a = params->am_alignment;
+  if (a == 0 || (a & (a - 1)) != 0) {
+    ucs_error("gmd_rc: am_alignment %zu is not a power of two", a);
+    return UCS_ERR_INVALID_PARAM;
+  }
+  const std::size_t o = has_offset ? params->am_align_offset : 0;
+  if (o >= a) {
+    ucs_error("gmd_rc: am_align_offset %zu must be less than am_alignment %zu", o, a);
+    return UCS_ERR_INVALID_PARAM;
+  }
+  *align = a;
+  *offset = o;
+  return UCS_OK;
+}
+
 }  // namespace
 
 // --- Iface ---------------------------------------------------------------------------------------
@@ -122,6 +153,8 @@ ucs_status_t Iface::open(uct_md_h uct_md, uct_worker_h worker, const uct_iface_p
     ucs_error("gmd_rc: only device mode interfaces are supported");
     return UCS_ERR_UNSUPPORTED;
   }
+  std::size_t am_align = 1, am_align_offset = 0;
+  if (ucs_status_t st = amAlignment(params, &am_align, &am_align_offset); st != UCS_OK) return st;
   const auto& config = *reinterpret_cast<const IfaceConfig*>(uct_config);
   std::unique_ptr<Iface> iface(new (std::nothrow) Iface());
   if (!iface) return UCS_ERR_NO_MEMORY;
@@ -157,6 +190,8 @@ ucs_status_t Iface::open(uct_md_h uct_md, uct_worker_h worker, const uct_iface_p
   if (params->field_mask & UCT_IFACE_PARAM_FIELD_RX_HEADROOM) {
     iface->rx_headroom_ = params->rx_headroom;
   }
+  iface->am_align_ = am_align;
+  iface->am_align_offset_ = am_align_offset;
 
   const ucs_status_t st =
       iface->init(Md::from(uct_md), params->mode.device.dev_name, config);
@@ -215,7 +250,8 @@ ucs_status_t Iface::init(Md* md, const char* dev_name, const IfaceConfig& config
   // The receive path keeps the name for its logs: the MD's, which lives as long as the iface
   // (dev_name is the caller's and may go once uct_iface_open returns).
   if (ucs_status_t st = recv_.init(this, &handle_.base, md->context(), &md->events(), md->pd(),
-                                   channel_, limits_, rx_headroom_, name());
+                                   channel_, limits_, rx_headroom_, am_align_, am_align_offset_,
+                                   name());
       st != UCS_OK) {
     return st;
   }

@@ -167,6 +167,10 @@ class Iface {
   BufferPool bounce_;  // send bounce buffers
   std::size_t tx_inline_ = 0;
   std::size_t rx_headroom_ = 0;
+  // uct_iface_params_t am_alignment / am_align_offset: a received message's data + offset is
+  // aligned to am_align_ (1: no requirement).
+  std::size_t am_align_ = 1;
+  std::size_t am_align_offset_ = 0;
   RecvPath recv_;
   double connect_timeout_ = 0;
   double latency_ = 0;
