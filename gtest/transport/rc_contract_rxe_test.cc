@@ -2,7 +2,8 @@
 // API on real RDMA devices (soft-RoCE in the VM), rxe1 → rxe0 and rxe0 → rxe0: am.max_short counts
 // the 8-byte header; caller errors on the data path are logged at error level; destroying an
 // endpoint completes its outstanding operations and flushes with UCS_ERR_CANCELED; am_alignment and
-// am_align_offset are validated and honoured.
+// am_align_offset are validated and honoured; the iface's send CQ credits never run out with only
+// unsignaled work requests outstanding.
 #include <gtest/gtest.h>
 #include <ucs/config/global_opts.h>
 #include <ucs/debug/log_def.h>
@@ -642,6 +643,89 @@ TEST_P(GmdRcContract, AmAlignmentIsHonoured) {
       side.iface = nullptr;
     }
   }
+}
+
+// A small send CQ shared by several endpoints (UCX_GMD_RC_TX_CQ_LEN=64, 8 endpoints).
+class GmdRcContractSmallCq : public GmdRcContract {
+ protected:
+  void SetUp() override {
+    iface_config_ = {{"TX_CQ_LEN", "64"}};
+    GmdRcContract::SetUp();
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Devices, GmdRcContractSmallCq, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "CrossDevice" : "SameDevice";
+                         });
+
+// A pending request that sends one am_short when dispatched.
+struct SendOnce {
+  uct_pending_req_t uct;  // first: the callback casts back
+  uct_ep_h ep;
+  int* done;
+};
+
+ucs_status_t sendOnce(uct_pending_req_t* self) {
+  auto* r = reinterpret_cast<SendOnce*>(self);
+  const ucs_status_t st = uct_ep_am_short(r->ep, kAmId, 9, nullptr, 0);
+  if (st == UCS_OK) ++*r->done;
+  return st;
+}
+
+// The send CQ's credits are shared by all endpoints, and a work request is signaled only every
+// so often per endpoint. Eight endpoints that together use all 64 credits with a few messages
+// each (none of them reaching its signaling interval) must still get their credits back: as
+// rc_verbs does, the last work requests before the credits run out are signaled. Before, nothing
+// was signaled, no completion ever came, and every endpoint waited for ever (pending requests
+// never dispatched; uct_iface_flush could not post its probe either). 128 endpoints sending
+// am_short in rounds until each had a pending request hung that way after a dozen rounds.
+TEST_P(GmdRcContractSmallCq, CreditsComeBackWhenEveryEndpointHoldsAFewUnsignaledSends) {
+  constexpr int kEps = 8;
+  std::vector<uct_ep_h> eps{ep_};
+  for (int i = 1; i < kEps; ++i) {
+    extra_eps_.push_back(connect(init_, target_));
+    ASSERT_NE(nullptr, extra_eps_.back());
+    eps.push_back(extra_eps_.back());
+  }
+  // Connected, and nothing outstanding.
+  for (uct_ep_h ep : eps) {
+    ASSERT_EQ(UCS_OK, retry([&] { return uct_ep_am_short(ep, kAmId, 2, nullptr, 0); }));
+    flushEp(ep);
+  }
+  ASSERT_TRUE(progressUntil([&] { return seen_.messages.size() == kEps; }));
+  // Round robin, one message per endpoint, until every endpoint is refused.
+  std::size_t sent = 0;
+  std::vector<bool> full(kEps, false);
+  for (int n_full = 0; n_full < kEps;) {
+    for (int i = 0; i < kEps; ++i) {
+      if (full[i]) continue;
+      const ucs_status_t st = uct_ep_am_short(eps[i], kAmId, 3, nullptr, 0);
+      if (st == UCS_OK) {
+        ++sent;
+        continue;
+      }
+      ASSERT_EQ(UCS_ERR_NO_RESOURCE, st);
+      full[i] = true;
+      ++n_full;
+    }
+  }
+  ASSERT_GE(sent, 8u);
+  int done = 0;
+  std::vector<SendOnce> reqs(kEps);
+  for (int i = 0; i < kEps; ++i) {
+    reqs[i] = {{}, eps[i], &done};
+    reqs[i].uct.func = sendOnce;
+    ASSERT_EQ(UCS_OK, uct_ep_pending_add(eps[i], &reqs[i].uct, 0)) << "endpoint " << i;
+  }
+  const bool dispatched = progressUntil([&] { return done == kEps; }, 20);
+  if (!dispatched) {
+    for (uct_ep_h ep : eps) uct_ep_pending_purge(ep, nullptr, nullptr);
+  }
+  ASSERT_TRUE(dispatched) << done << " of " << kEps << " pending requests dispatched after "
+                          << sent << " messages: no send credit came back";
+  EXPECT_TRUE(progressUntil([&] { return seen_.messages.size() == kEps + sent + kEps; }))
+      << seen_.messages.size() << " of " << kEps + sent + kEps << " messages arrived";
 }
 
 }  // namespace

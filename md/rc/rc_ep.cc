@@ -170,8 +170,12 @@ ucs_status_t Ep::postRdma(ibv_wr_opcode opcode, ibv_sge* sge, int nsge,
 ucs_status_t Ep::post(ibv_send_wr& wr, uct_completion_t* comp, std::int32_t bounce) noexcept {
   const std::uint64_t sn = posted_ + 1;
   // A caller may ask for a signal (IBV_SEND_SIGNALED already set: work requests that unpack data).
+  // While the iface's send-CQ credits run low every work request is signaled (as rc_verbs does):
+  // otherwise endpoints that each hold a few unsignaled ones could use up the credits with no
+  // completion left to come, and every endpoint would wait for ever.
   const bool signaled = comp != nullptr || (wr.send_flags & IBV_SEND_SIGNALED) != 0 ||
                         sn - last_signaled_ >= iface_->limits_.signal_interval ||
+                        iface_->tx_free_ <= static_cast<long>(iface_->limits_.signal_interval) ||
                         inflight_ + 1 == ring_.size() ||
                         (bounce >= 0 && iface_->bounce_.available() < iface_->bounce_.count() / 4);
   wr.wr_id = sn;
