@@ -111,8 +111,9 @@ constexpr std::uint8_t kPriority = 255;
 constexpr double kLatencyPerEp = 1e-9;
 
 // uct_iface_params_t's receive alignment (fields present in every UCX gmd supports, 1.13 on),
-// checked as UCX's own transports check it: an alignment is a power of two (not 0), an offset needs
-// an alignment and stays below it. Bad values: UCS_ERR_INVALID_PARAM and one error line.
+// checked by the API's rules (uct.h): an alignment is a power of two (not 0), an offset needs an
+// alignment and stays below it. Bad values: UCS_ERR_INVALID_PARAM and one error line. UCX's own
+// transports let an offset at or above the alignment pass (docs/transport.md, "Receive alignment").
 ucs_status_t amAlignment(const uct_iface_params_t* params, std::size_t* align,
                          std::size_t* offset) noexcept {
   const bool has_align = (params->field_mask & UCT_IFACE_PARAM_FIELD_AM_ALIGNMENT) != 0;
