@@ -110,10 +110,11 @@ constexpr std::uint8_t kPriority = 255;
 // Latency added per endpoint, as UCX's rc_verbs reports (one QP each).
 constexpr double kLatencyPerEp = 1e-9;
 
-// uct_iface_params_t's receive alignment (fields present in every UCX gmd supports, 1.13 on),
-// checked by the API's rules (uct.h): an alignment is a power of two (not 0), an offset needs an
-// alignment and stays below it. Bad values: UCS_ERR_INVALID_PARAM and one error line. UCX's own
-// transports let an offset at or above the alignment pass (docs/transport.md, "Receive alignment").
+// uct_iface_params_t's receive alignment (fields present in every UCX gmd supports, 1.13 on): an
+// alignment is a power of two (not 0) and an offset needs an alignment, else UCS_ERR_INVALID_PARAM
+// and one error line. An offset at or above the alignment is taken modulo it (the same placement),
+// with a diag line, as UCX's transports let it pass: UCP passes its AM header's 8 bytes whatever
+// alignment its user asked for.
 ucs_status_t amAlignment(const uct_iface_params_t* params, std::size_t* align,
                          std::size_t* offset) noexcept {
   const bool has_align = (params->field_mask & UCT_IFACE_PARAM_FIELD_AM_ALIGNMENT) != 0;
@@ -132,10 +133,11 @@ ucs_status_t amAlignment(const uct_iface_params_t* params, std::size_t* align,
     ucs_error("gmd_rc: am_alignment %zu is not a power of two", a);
     return UCS_ERR_INVALID_PARAM;
   }
-  const std::size_t o = has_offset ? params->am_align_offset : 0;
+  std::size_t o = has_offset ? params->am_align_offset : 0;
   if (o >= a) {
-    ucs_error("gmd_rc: am_align_offset %zu must be less than am_alignment %zu", o, a);
-    return UCS_ERR_INVALID_PARAM;
+    ucs_diag("gmd_rc: am_align_offset %zu is not below am_alignment %zu: %zu has the same effect",
+             o, a, o % a);
+    o %= a;
   }
   *align = a;
   *offset = o;
