@@ -135,9 +135,9 @@ TEST_P(GmdRcAm, EveryFlavourMovesEveryByteAtEverySize) {
   };
   std::vector<Expect> expect;
 
-  // am_short: 0 .. max_short payload bytes after the 8-byte header.
+  // am_short: 0 .. max_short - 8 payload bytes after the 8-byte header (max_short counts it).
   std::vector<std::uint8_t> buf(std::max<std::size_t>(am.max_short, 1));
-  for (std::size_t len = 0; len <= am.max_short; ++len) {
+  for (std::size_t len = 0; len + 8 <= am.max_short; ++len) {
     const std::uint64_t seed = 1000 + len;
     fillPattern(buf.data(), len, seed);
     ASSERT_EQ(UCS_OK, retry([&] {
@@ -146,7 +146,7 @@ TEST_P(GmdRcAm, EveryFlavourMovesEveryByteAtEverySize) {
     expect.push_back({seed, len, seed, true});
   }
   // am_short_iov: the payload in up to max_iov pieces.
-  for (std::size_t len : {std::size_t{0}, std::size_t{5}, am.max_short + 8}) {
+  for (std::size_t len : {std::size_t{0}, std::size_t{5}, am.max_short}) {
     const std::uint64_t seed = 3000 + len;
     std::vector<std::uint8_t> whole(len);
     fillPattern(whole.data(), len, seed);
@@ -653,7 +653,7 @@ TEST_P(GmdRcAm, BadInputIsRefusedAndNothingIsSent) {
   const std::uint8_t bad_id = UCT_AM_ID_MAX;
   EXPECT_EQ(UCS_ERR_INVALID_PARAM, uct_ep_am_short(ep_, bad_id, 0, big.data(), 1));
   EXPECT_EQ(UCS_ERR_INVALID_PARAM,
-            uct_ep_am_short(ep_, kAmId, 0, big.data(), static_cast<unsigned>(am.max_short + 1)));
+            uct_ep_am_short(ep_, kAmId, 0, big.data(), static_cast<unsigned>(am.max_short - 7)));
   PackArg a{1, 16};
   EXPECT_EQ(UCS_ERR_INVALID_PARAM, uct_ep_am_bcopy(ep_, bad_id, packPattern, &a, 0));
   PackArg too_much{1, am.max_bcopy + 1};

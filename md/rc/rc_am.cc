@@ -2,8 +2,9 @@
 // am_bcopy, am_zcopy, and the sender's side of the credits. The receiving side is md/rc/rc_recv.cc.
 //
 // Caller mistakes (an AM id out of range, a header, iov count or payload above the advertised
-// limits) return UCS_ERR_INVALID_PARAM before anything is posted, logged at debug level as UCX's own
-// transports do.
+// limits) return UCS_ERR_INVALID_PARAM before anything is posted, with one error-level line ("Invalid
+// active message id", "Invalid length", "Invalid iov count"), as UCX's own transports log them when
+// built with parameter checks (Debian's UCX is).
 #include <arpa/inet.h>
 #include <ucs/debug/log_def.h>
 
@@ -21,7 +22,7 @@ constexpr unsigned kInline = IBV_SEND_INLINE;
 
 ucs_status_t checkId(std::uint8_t id) noexcept {
   if (id < UCT_AM_ID_MAX) return UCS_OK;
-  ucs_debug("gmd_rc: active message id %u out of range (at most %u)", id,
+  ucs_error("gmd_rc: Invalid active message id %u (ids go from 0 to %u)", id,
             static_cast<unsigned>(UCT_AM_ID_MAX - 1));
   return UCS_ERR_INVALID_PARAM;
 }
@@ -62,7 +63,8 @@ ucs_status_t Ep::amShortPieces(std::uint8_t id, const Piece* pieces, std::size_t
                                std::size_t total) noexcept {
   if (ucs_status_t st = checkId(id); st != UCS_OK) return st;
   if (total > iface_->amMaxShort()) {
-    ucs_debug("gmd_rc: am_short of %zu bytes, at most %zu", total, iface_->amMaxShort());
+    ucs_error("gmd_rc: am_short: Invalid length %zu, at most %zu bytes (am_short: 8-byte header "
+              "included)", total, iface_->amMaxShort());
     return UCS_ERR_INVALID_PARAM;
   }
   const bool inl = total <= iface_->txInline() && n <= iface_->limits_.qp.max_send_sge;
@@ -101,7 +103,8 @@ ucs_status_t Ep::amShort(std::uint8_t id, std::uint64_t header, const void* payl
 
 ucs_status_t Ep::amShortIov(std::uint8_t id, const uct_iov_t* iov, std::size_t iovcnt) noexcept {
   if (iovcnt > iface_->amMaxIov()) {
-    ucs_debug("gmd_rc: am_short_iov with %zu entries, at most %zu", iovcnt, iface_->amMaxIov());
+    ucs_error("gmd_rc: am_short_iov: Invalid iov count %zu, at most %zu", iovcnt,
+              iface_->amMaxIov());
     return UCS_ERR_INVALID_PARAM;
   }
   Piece pieces[kMaxSge];
@@ -125,7 +128,8 @@ ssize_t Ep::amBcopy(std::uint8_t id, uct_pack_callback_t pack, void* arg, unsign
   const std::size_t len = pack(buf, arg);
   if (len > iface_->limits_.seg_size) {
     iface_->releaseBounce(b);
-    ucs_debug("gmd_rc: am_bcopy packed %zu bytes, at most %zu", len, iface_->limits_.seg_size);
+    ucs_error("gmd_rc: am_bcopy: Invalid length %zu packed, at most %zu bytes", len,
+              iface_->limits_.seg_size);
     return UCS_ERR_INVALID_PARAM;
   }
   ibv_sge sge{reinterpret_cast<std::uintptr_t>(buf), static_cast<std::uint32_t>(len),
@@ -142,20 +146,26 @@ ucs_status_t Ep::amZcopy(std::uint8_t id, const void* header, unsigned header_le
                          const uct_iov_t* iov, std::size_t iovcnt, unsigned,
                          uct_completion_t* comp) noexcept {
   if (ucs_status_t st = checkId(id); st != UCS_OK) return st;
-  if (header_length > iface_->amMaxHdr() || iovcnt > iface_->amMaxIov()) {
-    ucs_debug("gmd_rc: am_zcopy with a %u-byte header and %zu iov entries, at most %zu and %zu",
-              header_length, iovcnt, iface_->amMaxHdr(), iface_->amMaxIov());
+  if (header_length > iface_->amMaxHdr()) {
+    ucs_error("gmd_rc: am_zcopy: Invalid length %u of the header, at most %zu bytes",
+              header_length, iface_->amMaxHdr());
+    return UCS_ERR_INVALID_PARAM;
+  }
+  if (iovcnt > iface_->amMaxIov()) {
+    ucs_error("gmd_rc: am_zcopy: Invalid iov count %zu, at most %zu", iovcnt, iface_->amMaxIov());
     return UCS_ERR_INVALID_PARAM;
   }
   ibv_sge sge[kMaxSge];
   int nsge = 1;  // sge[0]: the header
-  std::uint64_t total = header_length;
-  if (ucs_status_t st = iovToSge(iov, iovcnt, sge, &nsge, &total); st != UCS_OK) return st;
-  if (total > iface_->limits_.seg_size) {
-    ucs_debug("gmd_rc: am_zcopy of %llu bytes, at most %zu",
-              static_cast<unsigned long long>(total), iface_->limits_.seg_size);
+  std::uint64_t payload = 0;
+  if (ucs_status_t st = iovToSge(iov, iovcnt, sge, &nsge, &payload); st != UCS_OK) return st;
+  // The payload within am.max_zcopy (with the header, within one receive segment).
+  if (payload > iface_->amMaxZcopy()) {
+    ucs_error("gmd_rc: am_zcopy: Invalid length %llu of the payload, at most %zu bytes",
+              static_cast<unsigned long long>(payload), iface_->amMaxZcopy());
     return UCS_ERR_INVALID_PARAM;
   }
+  const std::uint64_t total = header_length + payload;
   // All of it inline: copied at post time, complete now.
   const bool inl = total <= iface_->txInline();
   const bool bounce = !inl && header_length > 0;

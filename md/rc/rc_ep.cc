@@ -81,7 +81,8 @@ ucs_status_t Ep::rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t io
   if (error_ != UCS_OK) return error_;
   if (state_ != State::kReady || queuedBehindPending()) return UCS_ERR_NO_RESOURCE;
   if (iovcnt > iface_->maxIov(opcode)) {
-    ucs_error("gmd_rc: %zu iov entries, at most %zu", iovcnt, iface_->maxIov(opcode));
+    ucs_error("gmd_rc: %s_zcopy: Invalid iov count %zu, at most %zu",
+              opcode == IBV_WR_RDMA_READ ? "get" : "put", iovcnt, iface_->maxIov(opcode));
     return UCS_ERR_INVALID_PARAM;
   }
   ibv_sge sge[kMaxSge];
@@ -90,8 +91,9 @@ ucs_status_t Ep::rdma(ibv_wr_opcode opcode, const uct_iov_t* iov, std::size_t io
   if (ucs_status_t st = iovToSge(iov, iovcnt, sge, &nsge, &total); st != UCS_OK) return st;
   if (nsge == 0) return UCS_OK;
   if (total > iface_->limits_.max_msg) {
-    ucs_error("gmd_rc: %llu bytes exceed the port's maximal message size %llu",
-              static_cast<unsigned long long>(total),
+    ucs_error("gmd_rc: %s_zcopy: Invalid length %llu, at most %llu bytes (the port's maximal "
+              "message size)",
+              opcode == IBV_WR_RDMA_READ ? "get" : "put", static_cast<unsigned long long>(total),
               static_cast<unsigned long long>(iface_->limits_.max_msg));
     return UCS_ERR_INVALID_PARAM;
   }
@@ -168,8 +170,12 @@ ucs_status_t Ep::postRdma(ibv_wr_opcode opcode, ibv_sge* sge, int nsge,
 ucs_status_t Ep::post(ibv_send_wr& wr, uct_completion_t* comp, std::int32_t bounce) noexcept {
   const std::uint64_t sn = posted_ + 1;
   // A caller may ask for a signal (IBV_SEND_SIGNALED already set: work requests that unpack data).
+  // While the iface's send-CQ credits run low every work request is signaled (as rc_verbs does):
+  // otherwise endpoints that each hold a few unsignaled ones could use up the credits with no
+  // completion left to come, and every endpoint would wait for ever.
   const bool signaled = comp != nullptr || (wr.send_flags & IBV_SEND_SIGNALED) != 0 ||
                         sn - last_signaled_ >= iface_->limits_.signal_interval ||
+                        iface_->tx_free_ <= static_cast<long>(iface_->limits_.signal_interval) ||
                         inflight_ + 1 == ring_.size() ||
                         (bounce >= 0 && iface_->bounce_.available() < iface_->bounce_.count() / 4);
   wr.wr_id = sn;
@@ -293,6 +299,26 @@ void Ep::retire(std::uint64_t sn, ucs_status_t status) noexcept {
       complete(f, error_);
     }
   }
+}
+
+void Ep::cancelOutstanding() noexcept {
+  // Detached first: nothing a callback does reaches them again, and the slots' work requests,
+  // when they come back from the CQ, find no completion to call.
+  std::deque<FlushWaiter> flushes;
+  flushes.swap(flushes_);
+  for (std::size_t i = 0; i < inflight_; ++i) {
+    Slot& slot = ring_[(ring_head_ + i) % ring_.size()];
+    uct_completion_t* comp = slot.comp;
+    slot.comp = nullptr;
+    slot.unpack = nullptr;
+    complete(comp, UCS_ERR_CANCELED);
+    // Flushes in order with the operations they wait for (work request sn = completed_ + 1 + i).
+    while (!flushes.empty() && flushes.front().sn <= completed_ + 1 + i) {
+      complete(flushes.front().comp, UCS_ERR_CANCELED);
+      flushes.pop_front();
+    }
+  }
+  for (const FlushWaiter& f : flushes) complete(f.comp, UCS_ERR_CANCELED);
 }
 
 bool Ep::fail(ucs_status_t status) noexcept {

@@ -24,8 +24,10 @@
 //
 // Lifecycle: created connecting by Iface::createEp (its handshake goes over the link to the peer
 // iface, see md/rc/rc_connect.h), ready once the QP reached RTS, failed after a failed work request
-// or connection (every operation then returns the error). Destruction is deferred by the iface
-// while work requests of the endpoint are still in the send CQ.
+// or connection (every operation then returns the error). uct_ep_destroy calls every outstanding
+// completion (operations, then flushes waiting for them) with UCS_ERR_CANCELED before it returns,
+// as UCT requires and rc_verbs does; freeing the endpoint is deferred by the iface while its work
+// requests are still in the send CQ, and when they come back they call nothing.
 //
 // Thread safety: used by the iface's thread only (UCT's contract: an iface and its endpoints are
 // used by one thread at a time).
@@ -147,6 +149,10 @@ class Ep {
   bool unsignaledTail() const noexcept { return inflight_ > 0 && last_signaled_ != posted_; }
   // A completion of work request `sn` with `status`: retires it and everything before it.
   void retire(std::uint64_t sn, ucs_status_t status) noexcept;
+  // Endpoint destruction: calls every outstanding operation's completion and every flush's with
+  // UCS_ERR_CANCELED, in order, once; the ring slots keep their bounce buffers (released when their
+  // work requests come back) but no completion.
+  void cancelOutstanding() noexcept;
   // A SEND_WITH_IMM carrying active message `id` (consumes a credit; asks for more at half).
   ucs_status_t sendAm(std::uint8_t id, ibv_sge* sge, int nsge, unsigned send_flags,
                       uct_completion_t* comp, std::int32_t bounce) noexcept;

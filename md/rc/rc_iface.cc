@@ -110,6 +110,40 @@ constexpr std::uint8_t kPriority = 255;
 // Latency added per endpoint, as UCX's rc_verbs reports (one QP each).
 constexpr double kLatencyPerEp = 1e-9;
 
+// uct_iface_params_t's receive alignment (fields present in every UCX gmd supports, 1.13 on): an
+// alignment is a power of two (not 0) and an offset needs an alignment, else UCS_ERR_INVALID_PARAM
+// and one error line. An offset at or above the alignment is taken modulo it (the same placement),
+// with a diag line, as UCX's transports let it pass: UCP passes its AM header's 8 bytes whatever
+// alignment its user asked for.
+ucs_status_t amAlignment(const uct_iface_params_t* params, std::size_t* align,
+                         std::size_t* offset) noexcept {
+  const bool has_align = (params->field_mask & UCT_IFACE_PARAM_FIELD_AM_ALIGNMENT) != 0;
+  const bool has_offset = (params->field_mask & UCT_IFACE_PARAM_FIELD_AM_ALIGN_OFFSET) != 0;
+  *align = 1;
+  *offset = 0;
+  if (!has_align) {
+    if (has_offset) {
+      ucs_error("gmd_rc: am_align_offset %zu given without am_alignment", params->am_align_offset);
+      return UCS_ERR_INVALID_PARAM;
+    }
+    return UCS_OK;
+  }
+  const std::size_t a = params->am_alignment;
+  if (a == 0 || (a & (a - 1)) != 0) {
+    ucs_error("gmd_rc: am_alignment %zu is not a power of two", a);
+    return UCS_ERR_INVALID_PARAM;
+  }
+  std::size_t o = has_offset ? params->am_align_offset : 0;
+  if (o >= a) {
+    ucs_diag("gmd_rc: am_align_offset %zu is not below am_alignment %zu: %zu has the same effect",
+             o, a, o % a);
+    o %= a;
+  }
+  *align = a;
+  *offset = o;
+  return UCS_OK;
+}
+
 }  // namespace
 
 // --- Iface ---------------------------------------------------------------------------------------
@@ -122,6 +156,8 @@ ucs_status_t Iface::open(uct_md_h uct_md, uct_worker_h worker, const uct_iface_p
     ucs_error("gmd_rc: only device mode interfaces are supported");
     return UCS_ERR_UNSUPPORTED;
   }
+  std::size_t am_align = 1, am_align_offset = 0;
+  if (ucs_status_t st = amAlignment(params, &am_align, &am_align_offset); st != UCS_OK) return st;
   const auto& config = *reinterpret_cast<const IfaceConfig*>(uct_config);
   std::unique_ptr<Iface> iface(new (std::nothrow) Iface());
   if (!iface) return UCS_ERR_NO_MEMORY;
@@ -157,6 +193,8 @@ ucs_status_t Iface::open(uct_md_h uct_md, uct_worker_h worker, const uct_iface_p
   if (params->field_mask & UCT_IFACE_PARAM_FIELD_RX_HEADROOM) {
     iface->rx_headroom_ = params->rx_headroom;
   }
+  iface->am_align_ = am_align;
+  iface->am_align_offset_ = am_align_offset;
 
   const ucs_status_t st =
       iface->init(Md::from(uct_md), params->mode.device.dev_name, config);
@@ -215,7 +253,8 @@ ucs_status_t Iface::init(Md* md, const char* dev_name, const IfaceConfig& config
   // The receive path keeps the name for its logs: the MD's, which lives as long as the iface
   // (dev_name is the caller's and may go once uct_iface_open returns).
   if (ucs_status_t st = recv_.init(this, &handle_.base, md->context(), &md->events(), md->pd(),
-                                   channel_, limits_, rx_headroom_, name());
+                                   channel_, limits_, rx_headroom_, am_align_, am_align_offset_,
+                                   name());
       st != UCS_OK) {
     return st;
   }
@@ -284,6 +323,8 @@ std::size_t Iface::amMaxHdr() const noexcept {
   return std::min(kMaxAmHeader, limits_.seg_size / 4);
 }
 
+std::size_t Iface::amMaxZcopy() const noexcept { return limits_.seg_size - amMaxHdr(); }
+
 ucs_status_t Iface::query(uct_iface_attr_t* attr) noexcept {
   std::memset(attr, 0, sizeof(*attr));
   attr->cap.put.max_zcopy = limits_.max_msg;
@@ -296,10 +337,11 @@ ucs_status_t Iface::query(uct_iface_attr_t* attr) noexcept {
   attr->cap.get.opt_zcopy_align = 1;
   attr->cap.get.align_mtu = mtuBytes(port_.attr.active_mtu);
   attr->cap.get.max_iov = limits_.max_read_sge;
-  attr->cap.am.max_short = amMaxShort() - sizeof(std::uint64_t);
+  // UCT counts am_short's 8-byte header in max_short (as rc_verbs): exactly what amShort accepts.
+  attr->cap.am.max_short = amMaxShort();
   attr->cap.am.max_bcopy = limits_.seg_size;
   attr->cap.am.min_zcopy = 0;
-  attr->cap.am.max_zcopy = limits_.seg_size - amMaxHdr();
+  attr->cap.am.max_zcopy = amMaxZcopy();
   attr->cap.am.opt_zcopy_align = 1;
   attr->cap.am.align_mtu = mtuBytes(port_.attr.active_mtu);
   attr->cap.am.max_hdr = amMaxHdr();
@@ -450,16 +492,11 @@ void Iface::destroyEp(Ep* ep) noexcept {
     ep->in_pending_list_ = false;
   }
   ep->pending_.clear();
-  ep->flushes_.clear();
   ep->destroyed_ = true;
   // Tell the peer now (a release frame, or closing the link if it was the last): its listener
   // destroys the passive QP. The QP number stays ours until release(), so no new endpoint's request
   // can overtake the release with the same number.
   leaveLink(ep, true);
-  if (ep->inflight_ == 0 && !in_progress_) {
-    release(ep);
-    return;
-  }
   // Work requests still in the CQ name this endpoint: flush them out and free it when they are in.
   // An unsignaled newest one may have completed silently: a signaled one after it retires it.
   if (ep->inflight_ > 0 && ep->qp_ != nullptr) {
@@ -467,6 +504,13 @@ void Iface::destroyEp(Ep* ep) noexcept {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_ERR;
     ibv_modify_qp(ep->qp_, &a, IBV_QP_STATE);
+  }
+  // Every outstanding completion is called (UCS_ERR_CANCELED) before uct_ep_destroy returns, after
+  // the QP stopped working on the caller's buffers; the slots then hold none.
+  ep->cancelOutstanding();
+  if (ep->inflight_ == 0 && !in_progress_) {
+    release(ep);
+    return;
   }
   destroyed_.push_back(ep);
 }

@@ -105,10 +105,12 @@ class Iface {
   // completed together (UCX_GMD_RC_MAX_READ; defaultReadSize in md/rc/rc_config.cc explains the
   // soft-RoCE default).
   std::size_t readSize() const noexcept { return limits_.max_read; }
-  // Active-message limits (also what query() reports).
+  // Active-message limits (also what query() reports). amMaxShort is a whole am_short message:
+  // its 8-byte header and payload (am_short_iov: the iovecs' total), as UCT defines max_short.
   std::size_t amMaxShort() const noexcept;
   std::size_t amMaxIov() const noexcept { return limits_.qp.max_send_sge - 1; }
   std::size_t amMaxHdr() const noexcept;
+  std::size_t amMaxZcopy() const noexcept;  // am_zcopy's payload, the header not counted
   std::size_t txInline() const noexcept { return tx_inline_; }
   // --- Small RMA and atomics (md/rc/rc_rma.cc, md/rc/rc_atomic.cc) ---
   // put_short / put_bcopy / get_bcopy limits (also what query() reports).
@@ -165,6 +167,10 @@ class Iface {
   BufferPool bounce_;  // send bounce buffers
   std::size_t tx_inline_ = 0;
   std::size_t rx_headroom_ = 0;
+  // uct_iface_params_t am_alignment / am_align_offset: a received message's data + offset is
+  // aligned to am_align_ (1: no requirement).
+  std::size_t am_align_ = 1;
+  std::size_t am_align_offset_ = 0;
   RecvPath recv_;
   double connect_timeout_ = 0;
   double latency_ = 0;

@@ -3,24 +3,33 @@
 #include <sys/mman.h>
 #include <ucs/debug/log_def.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 namespace gmd::md::rc {
 
 ucs_status_t BufferPool::init(ibv_pd* pd, std::size_t count, std::size_t size, const char* what,
-                              const char* dev_name) noexcept {
-  stride_ = (size + 63) / 64 * 64;
+                              const char* dev_name, std::size_t align) noexcept {
+  align = std::max<std::size_t>(align, 64);
+  stride_ = (size + align - 1) / align * align;
   count_ = count;
   bytes_ = stride_ * count_;
-  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  // A mapping starts on a page; a larger alignment takes the slack to round up inside it.
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  map_bytes_ = bytes_ + (align > page ? align : 0);
+  void* p = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
-    ucs_error("gmd_rc %s: cannot allocate %zu bytes of %s: %s", dev_name, bytes_, what,
+    ucs_error("gmd_rc %s: cannot allocate %zu bytes of %s: %s", dev_name, map_bytes_, what,
               std::strerror(errno));
-    bytes_ = 0;
+    bytes_ = map_bytes_ = 0;
     return UCS_ERR_NO_MEMORY;
   }
-  base_ = static_cast<std::uint8_t*>(p);
+  map_ = static_cast<std::uint8_t*>(p);
+  base_ = reinterpret_cast<std::uint8_t*>(
+      (reinterpret_cast<std::uintptr_t>(map_) + align - 1) & ~(std::uintptr_t{align} - 1));
   mr_ = ibv_reg_mr(pd, base_, bytes_, IBV_ACCESS_LOCAL_WRITE);
   if (mr_ == nullptr) {
     ucs_error("gmd_rc %s: cannot register %zu bytes of %s: %s", dev_name, bytes_, what,
@@ -38,7 +47,7 @@ ucs_status_t BufferPool::init(ibv_pd* pd, std::size_t count, std::size_t size, c
 
 BufferPool::~BufferPool() {
   if (mr_ != nullptr) ibv_dereg_mr(mr_);
-  if (base_ != nullptr) munmap(base_, bytes_);
+  if (map_ != nullptr) munmap(map_, map_bytes_);
 }
 
 }  // namespace gmd::md::rc

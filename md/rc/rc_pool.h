@@ -20,10 +20,11 @@ class BufferPool {
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
-  // `count` buffers of at least `size` bytes (each starting on a 64-byte boundary), all free. Logs
-  // (error level, naming `what`) and returns UCS_ERR_NO_MEMORY or UCS_ERR_IO_ERROR on failure.
+  // `count` buffers of at least `size` bytes, each starting on a boundary of 64 bytes or `align`
+  // (a power of two), whichever is larger; all free. Logs (error level, naming `what`) and returns
+  // UCS_ERR_NO_MEMORY or UCS_ERR_IO_ERROR on failure.
   ucs_status_t init(ibv_pd* pd, std::size_t count, std::size_t size, const char* what,
-                    const char* dev_name) noexcept;
+                    const char* dev_name, std::size_t align = 64) noexcept;
 
   std::uint8_t* buffer(std::uint32_t i) const noexcept { return base_ + i * stride_; }
   // The buffer `p` points into (p must be inside the pool).
@@ -42,6 +43,8 @@ class BufferPool {
   void put(std::uint32_t i) noexcept { free_.push_back(i); }  // capacity reserved at init
 
  private:
+  std::uint8_t* map_ = nullptr;   // the mapping (base_ rounded up to the alignment inside it)
+  std::size_t map_bytes_ = 0;
   std::uint8_t* base_ = nullptr;
   std::size_t stride_ = 0;
   std::size_t count_ = 0;

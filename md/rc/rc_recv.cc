@@ -44,13 +44,16 @@ std::vector<Handoff::Event> Handoff::take() noexcept {
 // --- RecvPath --------------------------------------------------------------------------------------
 
 ucs_status_t RecvPath::init(Iface* iface, ucx::BaseIface* base, ibv_context* ctx,
-                            DeviceEvents* events, ibv_pd* pd, ibv_comp_channel* channel, const Limits& limits,
-                            std::size_t rx_headroom, const char* dev_name) noexcept {
+                            DeviceEvents* events, ibv_pd* pd, ibv_comp_channel* channel,
+                            const Limits& limits, std::size_t rx_headroom, std::size_t align,
+                            std::size_t align_offset, const char* dev_name) noexcept {
   iface_ = iface;
   base_ = base;
   events_ = events;
   name_ = dev_name;
   headroom_ = rx_headroom;
+  // Segments start on `align`: pad so that pad + slot + headroom + align_offset is a multiple.
+  pad_ = (align - (kSlot + headroom_ + align_offset) % align) % align;
   seg_size_ = limits.seg_size;
   queue_len_ = limits.rx_queue_len;
   batch_ = std::max(1u, std::min(queue_len_ / 8, kPostChunk));
@@ -76,15 +79,15 @@ ucs_status_t RecvPath::init(Iface* iface, ucx::BaseIface* base, ibv_context* ctx
   }
   // A quarter more segments than the SRQ holds, for descriptors handlers keep.
   const std::size_t count = queue_len_ + std::max(16u, queue_len_ / 4);
-  if (ucs_status_t st = pool_.init(pd, count, kSlot + headroom_ + seg_size_, "receive buffers",
-                                   dev_name);
+  if (ucs_status_t st = pool_.init(pd, count, pad_ + kSlot + headroom_ + seg_size_,
+                                   "receive buffers", dev_name, align);
       st != UCS_OK) {
     return st;
   }
   release_.super.cb = releaseCb;
   release_.self = this;
   for (std::uint32_t i = 0; i < count; ++i) {
-    auto* slot = reinterpret_cast<uct_recv_desc_t**>(pool_.buffer(i));
+    auto* slot = reinterpret_cast<uct_recv_desc_t**>(pool_.buffer(i) + pad_);
     *slot = &release_.super;
   }
   refill();

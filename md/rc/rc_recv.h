@@ -14,9 +14,12 @@
 // reads for every iface on the device context (md/device_events.h), or kDrainTimeout later when that
 // event never comes (logged).
 //
-// Segment layout: [release slot][rx_headroom][payload, seg_size bytes]. The SRQ work request covers
-// the payload; an active-message handler gets data = payload with rx_headroom writable bytes before
-// it. A handler returning UCS_INPROGRESS keeps the segment until uct_iface_release_desc(data -
+// Segment layout: [padding][release slot][rx_headroom][payload, seg_size bytes]. The SRQ work
+// request covers the payload; an active-message handler gets data = payload with rx_headroom
+// writable bytes before it. The padding (the same in every segment; none by default) puts
+// payload + am_align_offset on an am_alignment boundary (uct_iface_params_t): segments start on
+// that boundary (md/rc/rc_pool.h), so every message, short, bcopy or zcopy, kept or not, lands
+// aligned. A handler returning UCS_INPROGRESS keeps the segment until uct_iface_release_desc(data -
 // rx_headroom), which finds this path's release callback in the slot just before that address.
 //
 // Flow control, receiver side: per passive QP, the messages consumed since the last grant. A message
@@ -82,10 +85,11 @@ class RecvPath {
   RecvPath& operator=(const RecvPath&) = delete;
 
   // Creates the CQ (on `channel` for event notification), the SRQ and the segment pool, and fills
-  // the SRQ. Logs (error level) and returns a status on failure.
+  // the SRQ. `align` (a power of two) and `align_offset` (below it): payload + align_offset of
+  // every segment is aligned to `align`. Logs (error level) and returns a status on failure.
   ucs_status_t init(Iface* iface, ucx::BaseIface* base, ibv_context* ctx, DeviceEvents* events,
-                    ibv_pd* pd,
-                    ibv_comp_channel* channel, const Limits& limits, std::size_t rx_headroom,
+                    ibv_pd* pd, ibv_comp_channel* channel, const Limits& limits,
+                    std::size_t rx_headroom, std::size_t align, std::size_t align_offset,
                     const char* dev_name) noexcept;
   ibv_cq* cq() const noexcept { return cq_; }
   ibv_srq* srq() const noexcept { return srq_; }
@@ -132,7 +136,7 @@ class RecvPath {
   void pollDraining() noexcept;
   void destroyPeer(std::uint32_t qpn) noexcept;
   std::uint8_t* payload(std::uint32_t seg) const noexcept {
-    return pool_.buffer(seg) + kSlot + headroom_;
+    return pool_.buffer(seg) + pad_ + kSlot + headroom_;
   }
 
   Iface* iface_ = nullptr;
@@ -144,6 +148,7 @@ class RecvPath {
   BufferPool pool_;
   ReleaseDesc release_{};
   std::size_t headroom_ = 0;
+  std::size_t pad_ = 0;  // bytes before the release slot (alignment)
   std::size_t seg_size_ = 0;
   unsigned queue_len_ = 0;
   unsigned batch_ = 1;

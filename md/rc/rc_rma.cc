@@ -10,8 +10,8 @@
 // before it as done, which they may not be.
 //
 // Caller mistakes (a length above the advertised limit, a packer that wrote more than max_bcopy)
-// return UCS_ERR_INVALID_PARAM before anything is posted, logged at debug level as UCX's own
-// transports do.
+// return UCS_ERR_INVALID_PARAM before anything is posted, with one error-level line ("Invalid
+// length"), as UCX's own transports log them when built with parameter checks.
 #include <ucs/debug/log_def.h>
 
 #include <algorithm>
@@ -64,7 +64,8 @@ void Iface::queryRma(uct_iface_attr_t* attr) const noexcept {
 ucs_status_t Ep::putShort(const void* buffer, unsigned length, std::uint64_t remote_addr,
                           uct_rkey_t rkey) noexcept {
   if (length > iface_->putMaxShort()) {
-    ucs_debug("gmd_rc: put_short of %u bytes, at most %zu", length, iface_->putMaxShort());
+    ucs_error("gmd_rc: put_short: Invalid length %u, at most %zu bytes", length,
+              iface_->putMaxShort());
     return UCS_ERR_INVALID_PARAM;
   }
   const bool inl = length <= iface_->txInline();
@@ -93,7 +94,8 @@ ssize_t Ep::putBcopy(uct_pack_callback_t pack, void* arg, std::uint64_t remote_a
   const std::size_t len = pack(buf, arg);
   if (len > iface_->putMaxBcopy()) {
     iface_->releaseBounce(b);
-    ucs_debug("gmd_rc: put_bcopy packed %zu bytes, at most %zu", len, iface_->putMaxBcopy());
+    ucs_error("gmd_rc: put_bcopy: Invalid length %zu packed, at most %zu bytes", len,
+              iface_->putMaxBcopy());
     return UCS_ERR_INVALID_PARAM;
   }
   ibv_sge sge{reinterpret_cast<std::uintptr_t>(buf), static_cast<std::uint32_t>(len),
@@ -110,7 +112,8 @@ ucs_status_t Ep::getBcopy(uct_unpack_callback_t unpack, void* arg, std::size_t l
                           std::uint64_t remote_addr, uct_rkey_t rkey,
                           uct_completion_t* comp) noexcept {
   if (length > iface_->getMaxBcopy()) {
-    ucs_debug("gmd_rc: get_bcopy of %zu bytes, at most %zu", length, iface_->getMaxBcopy());
+    ucs_error("gmd_rc: get_bcopy: Invalid length %zu, at most %zu bytes", length,
+              iface_->getMaxBcopy());
     return UCS_ERR_INVALID_PARAM;
   }
   if (ucs_status_t st = reserve(false, true); st != UCS_OK) return st;
