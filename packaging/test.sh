@@ -49,7 +49,7 @@ summary() {
   gmd_log "summary"
   echo "UCX: bookworm $host_ucx$(awk '{printf ", %s %s", $2, $3}' "$GMD_STAGE_LOG.ucx" 2>/dev/null)"
   cat "$GMD_STAGE_LOG"
-  echo "VM boots: $(wc -l <"$GMD_VM_BOOT_LOG")$(awk '{printf "%s %s", NR == 1 ? " (" : ", ", $2} END {if (NR) printf ")"}' "$GMD_VM_BOOT_LOG")"
+  echo "VM boots: $(wc -l <"$GMD_VM_BOOT_LOG")$(awk '{printf "%s%s", NR == 1 ? " (" : ", ", $2 == "start" ? "session" : "one command"} END {if (NR) printf ")"}' "$GMD_VM_BOOT_LOG")"
   echo "slowest tests:"
   gmd_slowest_tests 10 "$GMD_TEST_LOGS"/*.log
   echo "total: $((SECONDS - start)) s"
