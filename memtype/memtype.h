@@ -47,6 +47,18 @@ const char* freeModeName(FreeMode m) noexcept;
 
 using FreeCallback = void (*)(void* arg, std::uintptr_t start, std::size_t length);
 
+// A CUDA allocation the hooks saw succeed (driver or runtime; device, managed, pitched, async/pool,
+// or a VMM cuMemMap): [start, start + length) of type, on CUDA device ordinal device (-1 unknown).
+struct AllocEvent {
+  std::uintptr_t start = 0;
+  std::size_t length = 0;
+  MemType type = MemType::kCuda;
+  int device = -1;
+};
+// Called on the allocating thread after the driver returned the memory and before the allocation
+// call returns to the application; same hook-safety rules as FreeCallback.
+using AllocCallback = void (*)(void* arg, const AllocEvent& event);
+
 // The PCI address of CUDA device `ordinal` as the driver writes it (cuDeviceGetPCIBusId,
 // "dddd:bb:dd.f"), NUL-terminated into buf. False without a driver, for an ordinal it does not have,
 // or when it cannot say; buf is then untouched. Loads the driver on first use, like classify().
@@ -76,6 +88,13 @@ class Classifier {
   bool subscribe(FreeCallback cb, void* arg) noexcept;
   // Removes the subscription and waits until no free in flight is still calling it.
   void unsubscribe(FreeCallback cb, void* arg) noexcept;
+
+  // Subscribe to CUDA allocations (installs the hooks if they are not yet installed); false when no
+  // room or no driver. Each allocation reaches every subscriber once (a cudaMalloc that calls
+  // cuMemAlloc inside the runtime is one event).
+  bool subscribeAllocations(AllocCallback cb, void* arg) noexcept;
+  // Removes the subscription and waits until no allocation in flight is still calling it.
+  void unsubscribeAllocations(AllocCallback cb, void* arg) noexcept;
 
   // Free detection (default kHooks). Switching to a hooking mode installs the hooks once for the
   // life of the process; switching away keeps them installed but cached ranges stay authoritative
