@@ -393,6 +393,10 @@ void Classifier::flushCache() noexcept {
   if (g_ranges != nullptr) g_ranges->clear();
 }
 
+// Placeholder until the allocation hooks land (they replace these): no allocation is seen yet.
+bool Classifier::subscribeAllocations(AllocCallback, void*) noexcept { return false; }
+void Classifier::unsubscribeAllocations(AllocCallback, void*) noexcept {}
+
 Stats Classifier::stats() const noexcept {
   Stats s;
   s.cache_hits = g_counters.cache_hits.load(std::memory_order_relaxed);
