@@ -11,13 +11,29 @@
 #include "md/md.h"
 #include "md/md_config.h"
 #include "md/rc/rc_iface.h"
+#include "md/ucm_events.h"
 #include "md/ucx_abi.h"
 
 namespace gmd::md {
 namespace {
 
-ucs_status_t queryMdResources(ucx::Component*, uct_md_resource_desc_t** resources_p,
+// CUDA memory events start when UCX first lists gmd's MDs (before UCP looks any buffer up), with
+// or without an RDMA device: UCX_GMD_CUDA_EVENTS comes from the component's own config table.
+void startCudaEvents(ucx::Component* component) {
+  if (ucm_events::state() != ucm_events::State::kNotStarted) return;
+  uct_md_config_t* config = nullptr;
+  if (uct_md_config_read(reinterpret_cast<uct_component_h>(component), nullptr, nullptr,
+                         &config) != UCS_OK) {
+    return;  // UCX has logged the bad value; md_open will fail on it too
+  }
+  ucm_events::start(reinterpret_cast<const MdConfig*>(config)->cuda_events != 0);
+  uct_config_release(config);
+}
+
+ucs_status_t queryMdResources(ucx::Component* component, uct_md_resource_desc_t** resources_p,
                               unsigned* num_resources_p) {
+  useUcxLogger();
+  startCudaEvents(component);
   int count = 0;
   ibv_device** list = ibv_get_device_list(&count);
   if (list == nullptr || count == 0) {

@@ -14,6 +14,7 @@
 #include "md/abi/edge.h"
 #include "md/mapping.h"
 #include "md/ucs_topology.h"
+#include "md/ucm_events.h"
 #include "memtype/memtype.h"
 #include "rcache/ucm_monitor.h"
 
@@ -119,11 +120,14 @@ ucs_status_t mdMemQuery(uct_md_h, const void* address, size_t length, uct_md_mem
   const memtype::Info info = classify(address, length);
   if (attr->field_mask & UCT_MD_MEM_ATTR_FIELD_MEM_TYPE) attr->mem_type = toUcsMemType(info.type);
   const bool device = info.type != MemType::kHost && info.size != 0;
-  if (attr->field_mask & UCT_MD_MEM_ATTR_FIELD_SYS_DEV) {
-    // The GPU holding device memory; managed pages move between host and GPUs: no fixed place.
-    attr->sys_dev = info.type == MemType::kCuda ? sysDevices().cudaDevice(info.device)
-                                                : UCS_SYS_DEVICE_ID_UNKNOWN;
-  }
+  // The GPU holding device memory; managed pages move between host and GPUs: no fixed place.
+  const ucs_sys_device_t sys_dev = info.type == MemType::kCuda
+                                       ? sysDevices().cudaDevice(info.device)
+                                       : UCS_SYS_DEVICE_ID_UNKNOWN;
+  if (attr->field_mask & UCT_MD_MEM_ATTR_FIELD_SYS_DEV) attr->sys_dev = sys_dev;
+  // Where gmd feeds UCX's memtype cache, the answer goes into it (UCP asks only on a miss or an
+  // unknown range).
+  ucm_events::writeBack(address, length, info, sys_dev);
   if (attr->field_mask & UCT_MD_MEM_ATTR_FIELD_BASE_ADDRESS) {
     attr->base_address = device ? reinterpret_cast<void*>(info.base) : const_cast<void*>(address);
   }
@@ -164,6 +168,8 @@ std::unique_ptr<GpuDirectBackend> makeGpuDirect(const char* name, ibv_pd* pd,
 }
 
 }  // namespace
+
+void useUcxLogger() noexcept { setLogHandler(logToUcx); }
 
 // The generation's ops table (md/abi/edge_md.cc) adapts UCX's slots to these.
 const MdImpl& mdImpl() noexcept {
@@ -212,6 +218,7 @@ ucs_status_t Md::open(ucx::Component* component, const char* name, const MdConfi
     md->handle_.md = md.get();
 
     setLogHandler(logToUcx);
+    ucm_events::start(config.cuda_events != 0);  // usually done already when UCX listed the MDs
     md->ctx_ = openDevice(name);
     if (md->ctx_ == nullptr) {
       ucs_error("gmd: cannot open RDMA device %s: %s", name, std::strerror(errno));

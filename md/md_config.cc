@@ -86,6 +86,12 @@ ucs_config_field_t kMdConfigTable[] = {
      offsetof(MdConfig, cuda_managed), UCS_CONFIG_TYPE_ENUM(kManagedPolicyNames)},
     {"PRINT_STATS", "n", "Print the cache counters of each memory domain to stderr when it closes.",
      offsetof(MdConfig, print_stats), UCS_CONFIG_TYPE_BOOL},
+    {"CUDA_EVENTS", "y",
+     "Raise libucm's memory-type events for CUDA allocations and frees, so that UCX's memory-type\n"
+     "cache knows device memory and UCP's registration cache drops registrations of freed device\n"
+     "memory. Process-wide, decided when UCX first queries the gmd component; gmd raises nothing\n"
+     "where UCX has CUDA support of its own (libucm_cuda or libuct_cuda loaded).",
+     offsetof(MdConfig, cuda_events), UCS_CONFIG_TYPE_BOOL},
     {nullptr},
 };
 

@@ -38,6 +38,7 @@ struct MdConfig {
   unsigned dmabuf;             // DMABUF (DmabufPolicy)
   unsigned cuda_managed;       // CUDA_MANAGED (ManagedPolicy)
   int print_stats;             // PRINT_STATS
+  int cuda_events;             // CUDA_EVENTS
 };
 
 // The enum values of a validated config.

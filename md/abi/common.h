@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ucs/config/parser.h>
+#include <ucm/api/ucm.h>
 #include <ucs/datastruct/list.h>
 #include <uct/api/uct.h>  // includes uct/api/tl.h
 
@@ -144,6 +145,23 @@ static_assert(offsetof(BaseIface, err_handler) == 424 + 24 * UCT_AM_ID_MAX + 16,
               "UCX base iface layout");
 static_assert(offsetof(BaseIface, progress_flags) == 1236, "UCX base iface layout");
 static_assert(sizeof(BaseIface) == 1280, "UCX base iface layout");
+
+// libucm's memory-type events. The event bits and ucm_event_t are installed API (ucm/api/ucm.h);
+// the three calls that raise an event as libucm's own hooks do are exported by libucm.so.0 in every
+// generation gmd mirrors but declared only in UCX's uninstalled src/ucm/event/event.h, so gmd
+// resolves them with dlsym (md/ucm_events.cc) and works on without them. ucm_event_t's mem_type
+// member is per generation (UcmMemTypeEvent in the generation files).
+inline constexpr int kUcmEventMemTypeAlloc = 1 << 20;  // UCM_EVENT_MEM_TYPE_ALLOC
+inline constexpr int kUcmEventMemTypeFree = 1 << 21;   // UCM_EVENT_MEM_TYPE_FREE
+static_assert(kUcmEventMemTypeAlloc == UCM_EVENT_MEM_TYPE_ALLOC, "libucm event bits");
+static_assert(kUcmEventMemTypeFree == UCM_EVENT_MEM_TYPE_FREE, "libucm event bits");
+static_assert(sizeof(ucm_event_type_t) == sizeof(int), "libucm event type is an int enum");
+inline constexpr const char* kUcmEventEnter = "ucm_event_enter";        // void (void)
+inline constexpr const char* kUcmEventDispatch = "ucm_event_dispatch";  // void (type, event*)
+inline constexpr const char* kUcmEventLeave = "ucm_event_leave";        // void (void)
+using UcmEventEnterFn = void (*)();
+using UcmEventDispatchFn = void (*)(ucm_event_type_t event_type, ucm_event_t* event);
+using UcmEventLeaveFn = void (*)();
 
 }  // namespace gmd::ucx
 

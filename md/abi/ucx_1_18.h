@@ -149,4 +149,20 @@ static_assert(sizeof(IfaceInternalOps) == 7 * sizeof(void*), "UCX 1.18 iface int
 // libuct's default internal-ops table: none from 1.16 on.
 inline IfaceInternalOps* libuctDefaultInternalOps() noexcept { return nullptr; }
 
+// ucm_event_t's mem_type member (UCM_EVENT_MEM_TYPE_ALLOC / _FREE) up to 1.21: the range and its
+// type; UCS_MEMORY_TYPE_UNKNOWN (= UCS_MEMORY_TYPE_LAST) asks UCX to detect the type.
+struct UcmMemTypeEvent {
+  void* address;
+  size_t size;
+  ucs_memory_type_t mem_type;
+};
+inline constexpr bool kUcmMemTypeEventHasDevice = false;  // no sys_dev, no mem_flags
+static_assert(offsetof(ucm_event_t, mem_type) == 0, "libucm mem_type event layout");
+static_assert(sizeof(ucm_event_t::mem_type) == sizeof(UcmMemTypeEvent),
+              "libucm mem_type event layout");
+static_assert(offsetof(ucm_event_t, mem_type.size) == offsetof(UcmMemTypeEvent, size),
+              "libucm mem_type event layout");
+static_assert(offsetof(ucm_event_t, mem_type.mem_type) == offsetof(UcmMemTypeEvent, mem_type),
+              "libucm mem_type event layout");
+
 }  // namespace gmd::ucx

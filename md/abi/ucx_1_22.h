@@ -200,4 +200,29 @@ static_assert(sizeof(IfaceInternalOps) == (12 + kSpareSlots) * sizeof(void*),
 // libuct's default internal-ops table: none from 1.16 on.
 inline IfaceInternalOps* libuctDefaultInternalOps() noexcept { return nullptr; }
 
+// ucm_event_t's mem_type member (UCM_EVENT_MEM_TYPE_ALLOC / _FREE) from 1.22: the range, its type
+// (UCS_MEMORY_TYPE_UNKNOWN asks UCX to detect it), and the system device and ucs memory flags
+// (sys_dev unknown with flags 0 also asks UCX to detect them).
+struct UcmMemTypeEvent {
+  void* address;
+  size_t size;
+  ucs_memory_type_t mem_type;
+  ucs_sys_device_t sys_dev;
+  std::uint8_t mem_flags;
+};
+inline constexpr bool kUcmMemTypeEventHasDevice = true;
+inline constexpr std::uint8_t kMemFlagRegistrable = 1u << 0;  // UCS_MEM_FLAG_REGISTRABLE
+static_assert(kMemFlagRegistrable == UCS_MEM_FLAG_REGISTRABLE, "ucs memory flags");
+static_assert(offsetof(ucm_event_t, mem_type) == 0, "libucm mem_type event layout");
+static_assert(sizeof(ucm_event_t::mem_type) == sizeof(UcmMemTypeEvent),
+              "libucm mem_type event layout");
+static_assert(offsetof(ucm_event_t, mem_type.size) == offsetof(UcmMemTypeEvent, size),
+              "libucm mem_type event layout");
+static_assert(offsetof(ucm_event_t, mem_type.mem_type) == offsetof(UcmMemTypeEvent, mem_type),
+              "libucm mem_type event layout");
+static_assert(offsetof(ucm_event_t, mem_type.sys_dev) == offsetof(UcmMemTypeEvent, sys_dev),
+              "libucm mem_type event layout");
+static_assert(offsetof(ucm_event_t, mem_type.mem_flags) == offsetof(UcmMemTypeEvent, mem_flags),
+              "libucm mem_type event layout");
+
 }  // namespace gmd::ucx
