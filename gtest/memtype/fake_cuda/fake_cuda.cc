@@ -19,10 +19,13 @@
 // be exercised) and freed space is reused lowest address first, so a re-allocation of the same size
 // lands at the same address with a new buffer ID, as on a real device.
 //
+// GMD_FAKE_CUDA_FRESH_PAGES=1 gives freed ranges fresh pages (see freshPages()).
+//
 // Test controls (exported, C linkage): gmd_fake_cuda_driver (marker), gmd_fake_cuda_set(key, value),
 // gmd_fake_cuda_get(key). Built with -Bsymbolic so that its own references (e.g. the table behind
 // cuGetProcAddress) bind to its functions, not to gmd's redirected symbols.
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -157,10 +160,19 @@ std::uintptr_t takeVa(std::size_t size) {
   return 0;
 }
 
+// GMD_FAKE_CUDA_FRESH_PAGES=1: a freed range gets fresh pages (its old pages are dropped with a
+// direct madvise system call, which libucm does not see, as it sees no real cuMemFree), so that a
+// registration kept across the free still holds the old pages, as on a device.
+bool freshPages() {
+  const char* env = std::getenv("GMD_FAKE_CUDA_FRESH_PAGES");
+  return env != nullptr && env[0] == '1';
+}
+
 void giveVa(std::uintptr_t start, std::size_t size) {
   size = roundUp(size);
   // Scrub like a device would not, so that tests can tell new memory from old.
   std::memset(reinterpret_cast<void*>(start), 0, size);
+  if (freshPages()) syscall(SYS_madvise, start, size, MADV_DONTNEED);
   auto next = g_free.lower_bound(start);
   if (next != g_free.end() && start + size == next->first) {
     size += next->second;
