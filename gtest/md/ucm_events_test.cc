@@ -74,6 +74,16 @@ ucs_status_t lookup(std::uint64_t address, std::size_t length, ucs_memory_info_t
   return ucs_memtype_cache_lookup(reinterpret_cast<const void*>(address), length, info);
 }
 
+// Regions in UCX's memtype cache, which a lookup creates. Not necessarily 0 without gmd's events:
+// another libucm memory-type module (Debian 13's UCX has ROCm's) marks PROT_NONE ranges as unknown.
+std::size_t cachedRegions() {
+  ucs_memory_info_t info{};
+  (void)lookup(0, 1, &info);
+  return ucs_memtype_cache_global_instance != nullptr
+             ? ucs_memtype_cache_global_instance->pgtable.num_regions
+             : 0;
+}
+
 // The mem-type events a libucm handler saw (handlers must not allocate: fixed storage).
 struct Seen {
   int count = 0;
@@ -194,27 +204,23 @@ TEST_F(UcmEventsTest, HostMemoryStaysNoElemReservationsUnknown) {
   munmap(reserved, kSize);
 }
 
-// UCX_GMD_CUDA_EVENTS=n: nothing is raised; the cache UCX creates stays empty.
+// UCX_GMD_CUDA_EVENTS=n: nothing is raised; the cache holds what it held before gmd was loaded.
 TEST_F(UcmEventsTest, OffRaisesNothing) {
   ASSERT_EQ(0, setenv("UCX_GMD_CUDA_EVENTS", "n", 1));
-  void* reserved = mmap(nullptr, kSize, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(MAP_FAILED, reserved);
   const std::uint64_t before = fake_.alloc(kSize);
   ASSERT_NE(0u, before);
+  const std::size_t regions = cachedRegions();
   loadGmd();
+  EXPECT_EQ(regions, cachedRegions()) << "gmd's load changed UCX's memtype cache";
   const std::uint64_t after = fake_.alloc(kSize);
   ASSERT_NE(0u, after);
   expectNoElem(before + 4096);
   expectNoElem(after + 4096);
-  expectNoElem(reinterpret_cast<std::uint64_t>(reserved));
-  ASSERT_NE(nullptr, ucs_memtype_cache_global_instance);  // the lookups created it
-  EXPECT_TRUE(ucs_memtype_cache_is_empty());
   g_frees = {};
   ASSERT_EQ(0, fake_.free(before));
   ASSERT_EQ(0, fake_.free(after));
   EXPECT_EQ(0, g_frees.count);
-  EXPECT_TRUE(ucs_memtype_cache_is_empty());
-  munmap(reserved, kSize);
+  EXPECT_EQ(regions, cachedRegions());
 }
 
 // Where UCX's own CUDA support is loaded (a library named like libucm_cuda here), gmd raises
