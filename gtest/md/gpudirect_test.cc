@@ -666,6 +666,29 @@ TEST_F(GpuDirectTest, SystemSyncMemopsReachesTheDriver) {
   }
 }
 
+// End to end on the fake driver: a registration leaves SYNC_MEMOPS set on the allocation (read back
+// with cuPointerGetAttribute), before the registration as the order test above shows.
+TEST_F(GpuDirectTest, RegistrationLeavesSyncMemopsSetOnTheAllocation) {
+  const memtype::detail::DriverApi* api = memtype::detail::driver();
+  ASSERT_NE(api, nullptr);
+  if (api->pointerSetAttribute == nullptr) {
+    GTEST_SKIP() << "this fake driver has no cuPointerSetAttribute";
+  }
+  constexpr int kAttrSyncMemops = 6;  // CU_POINTER_ATTRIBUTE_SYNC_MEMOPS
+  const long sets = drv_.get("sync_memops_set");
+  unsigned int value = 0;
+  ASSERT_EQ(api->pointerGetAttribute(&value, kAttrSyncMemops, dev_ + 4096), 0);
+  EXPECT_EQ(value, 0u) << "a fresh allocation";
+  GpuDirectBackend b(pd_, {}, &ops_);
+  rcache::Registration r;
+  ASSERT_EQ(b.reg(dev_ + 4096, 4096, kRw, MemType::kCuda, &r), rcache::Status::kOk);
+  ASSERT_EQ(api->pointerGetAttribute(&value, kAttrSyncMemops, dev_), 0);
+  EXPECT_EQ(value, 1u) << "set on the whole allocation";
+  EXPECT_EQ(drv_.get("sync_memops_set"), sets + 1);
+  EXPECT_EQ(b.stats().sync_memops_failures, 0u);
+  b.dereg(r);
+}
+
 // --- What the MD advertises --------------------------------------------------------------------
 
 TEST_F(GpuDirectTest, MemFlagsAreRegistrableExactlyForRegisteredTypes) {
