@@ -135,6 +135,10 @@ ucs_status_t mdMkeyPack(uct_md_h, uct_mem_h memh, void* buffer) {
   return UCS_OK;
 }
 
+std::uint8_t mdMemFlags(uct_md_h md, ucs_memory_type_t mem_type) {
+  return memFlags(regMemTypes(Md::from(md)->registrar()), mem_type);
+}
+
 ucs_status_t mdDetectMemoryType(uct_md_h, const void* address, size_t length,
                                 ucs_memory_type_t* mem_type_p) {
   *mem_type_p = toUcsMemType(classify(address, length).type);
@@ -185,6 +189,7 @@ const MdImpl& mdImpl() noexcept {
       .mem_query = mdMemQuery,
       .mkey_pack = mdMkeyPack,
       .detect_memory_type = mdDetectMemoryType,
+      .mem_flags = mdMemFlags,
   };
   return impl;
 }

@@ -130,7 +130,7 @@ ucs_status_t memQuery(uct_md_h md, const void* address, size_t length, Attr* att
   // UCS_MEM_FLAG_REGISTRABLE where this MD registers the memory: UCP (1.22 on) maps a buffer only
   // on MDs whose required_mem_flags its detected flags cover, and UCX's IB MD requires this one.
   if (attr->field_mask & Attr::kFieldMemFlags) {
-    attr->mem_flags = memFlags(regMemTypes(Md::from(md)->registrar()), v1.mem_type);
+    attr->mem_flags = mdImpl().mem_flags != nullptr ? mdImpl().mem_flags(md, v1.mem_type) : 0;
   }
   return UCS_OK;
 }
