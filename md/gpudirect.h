@@ -46,7 +46,7 @@ namespace gmd::md {
 // Whether device memory is registered through dma-buf (UCX_GMD_DMABUF; the values are the indices
 // of kDmabufPolicyNames, which UCX's parser fills in directly).
 enum class DmabufPolicy : unsigned {
-  kTry = 0,  // dma-buf when the device and libibverbs support it, else peer memory (default)
+  kTry = 0,  // dma-buf when the GPU, libibverbs and the NIC support it, else peer memory (default)
   kOn = 1,   // dma-buf only: never fall back to peer memory
   kOff = 2,  // never dma-buf: peer memory only
 };
