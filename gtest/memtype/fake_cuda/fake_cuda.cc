@@ -67,8 +67,9 @@
 // gmd_fake_cuda_get(key); unknown keys get -1.
 //   set: devices, current_device, dmabuf_supported, dmabuf_pcie, dmabuf_fail, copy_delay_us
 //     (also GMD_FAKE_CUDA_COPY_DELAY_US at cuInit), copy_error (non-zero: every copy and memset
-//     call answers this CUresult and moves nothing), reset_thread_context (the calling thread's
-//     context stack goes back to the untouched state).
+//     call answers this CUresult and moves nothing), hold_streams (non-zero: stream workers start no
+//     new operation until it is 0 again; cuStreamDestroy still drains), reset_thread_context (the
+//     calling thread's context stack goes back to the untouched state).
 //   get: live_allocations, pointer_queries, frees, last_dmabuf_fd, last_dmabuf_flags,
 //     dmabuf_exports, arena, handles, cpu_access (0/1), arena_bytes (bytes the arena memfd holds),
 //     copies_{htod,dtoh,dtod,htoh} and bytes_{htod,dtoh,dtod,htoh} (completed copies, sync and
@@ -180,6 +181,7 @@ std::atomic<long> g_frees{0};
 std::atomic<bool> g_cpu_access{true};
 std::atomic<long> g_copy_delay_us{0};
 std::atomic<long> g_copy_error{0};
+std::atomic<bool> g_hold_streams{false};  // workers start nothing new while set
 std::atomic<bool> g_vm_rw{true};  // process_vm_readv/writev usable on ourselves
 
 // Copy counters, by direction: 0 htod, 1 dtoh, 2 dtod, 3 htoh.
@@ -474,7 +476,9 @@ struct Stream {
   void run() noexcept {
     std::unique_lock<std::mutex> lock(mu);
     for (;;) {
-      cv.wait(lock, [this] { return stop || !queue.empty(); });
+      cv.wait(lock, [this] {
+        return (!queue.empty() && (stop || !g_hold_streams.load())) || (stop && queue.empty());
+      });
       if (queue.empty()) return;
       const Op op = queue.front();
       lock.unlock();
@@ -781,6 +785,14 @@ __attribute__((visibility("default"))) void gmd_fake_cuda_set(const char* key,
   if (std::strcmp(key, "copy_delay_us") == 0) g_copy_delay_us = value;
   if (std::strcmp(key, "copy_error") == 0) g_copy_error = value;
   if (std::strcmp(key, "reset_thread_context") == 0) t_ctx = CtxStack{};
+  if (std::strcmp(key, "hold_streams") == 0) {
+    g_hold_streams = value != 0;
+    std::lock_guard<std::mutex> lock(g_stream_mu);
+    for (const auto& s : streams()) {
+      { std::lock_guard<std::mutex> slock(s.second->mu); }  // no worker between test and wait
+      s.second->cv.notify_all();
+    }
+  }
 }
 
 __attribute__((visibility("default"))) long gmd_fake_cuda_get(const char* key) noexcept {
