@@ -1,8 +1,8 @@
-// The fake CUDA driver itself (gtest/memtype/fake_cuda/fake_cuda.cc): that it behaves like a driver,
-// so that tests through it mean something. Copies in every direction, validation, per-stream order,
-// events, contexts, SYNC_MEMOPS, hole-punched frees, and the no-CPU-access mode. Every case holds in
-// both modes: ctest runs this binary once as is and once with GMD_FAKE_CUDA_CPU_ACCESS=0; the death
-// test forces the mode in its own child.
+// The fake CUDA driver itself (gtest/memtype/fake_cuda/fake_cuda.cc): that it behaves like a
+// driver, so that tests through it mean something. Copies in every direction, validation,
+// per-stream order, events, contexts, SYNC_MEMOPS, hole-punched frees, and the no-CPU-access mode.
+// Every case holds in both modes: ctest runs this binary once as is and once with
+// GMD_FAKE_CUDA_CPU_ACCESS=0; the death test forces the mode in its own child.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -201,7 +201,8 @@ TEST_F(FakeCudaTest, CopiesValidatePointersAndRangesLikeADriver) {
 TEST_F(FakeCudaTest, V1EntryPointsTakeThirtyTwoBitPointers) {
   auto htod = reinterpret_cast<int (*)(unsigned, const void*, unsigned)>(
       dlsym(drv_.handle, "cuMemcpyHtoD"));
-  auto dtoh = reinterpret_cast<int (*)(void*, unsigned, unsigned)>(dlsym(drv_.handle, "cuMemcpyDtoH"));
+  auto dtoh =
+      reinterpret_cast<int (*)(void*, unsigned, unsigned)>(dlsym(drv_.handle, "cuMemcpyDtoH"));
   ASSERT_NE(htod, nullptr);
   ASSERT_NE(dtoh, nullptr);
   const std::uint64_t a = alloc(4096);
@@ -215,6 +216,7 @@ TEST_F(FakeCudaTest, V1EntryPointsTakeThirtyTwoBitPointers) {
 }
 
 TEST_F(FakeCudaTest, EveryEntryPointIsReachableByDlsymAndByCuGetProcAddress) {
+  // clang-format off
   const char* const exported[] = {
       "cuMemcpy", "cuMemcpyAsync", "cuMemcpyHtoD", "cuMemcpyHtoD_v2", "cuMemcpyDtoH",
       "cuMemcpyDtoH_v2", "cuMemcpyDtoD", "cuMemcpyDtoD_v2", "cuMemcpyHtoDAsync",
@@ -224,7 +226,9 @@ TEST_F(FakeCudaTest, EveryEntryPointIsReachableByDlsymAndByCuGetProcAddress) {
       "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuEventDestroy", "cuEventDestroy_v2",
       "cuCtxPushCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent", "cuCtxPopCurrent_v2",
       "cuCtxGetDevice", "cuPointerSetAttribute", "cuPointerGetAttribute", "cuPointerGetAttributes",
-      "cuMemcpy_ptds", "cuMemcpyAsync_ptsz", "cuStreamQuery_ptsz", "cuEventRecord_ptsz"};
+      "cuMemcpy_ptds", "cuMemcpyAsync_ptsz", "cuStreamQuery_ptsz", "cuEventRecord_ptsz",
+      "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz", "cuMemAllocPitch", "cuMemAllocPitch_v2"};
+  // clang-format on
   for (const char* name : exported) EXPECT_NE(dlsym(drv_.handle, name), nullptr) << name;
 
   // Base names resolve to the implementation the real driver gives for the version asked for.
@@ -261,6 +265,8 @@ TEST_F(FakeCudaTest, EveryEntryPointIsReachableByDlsymAndByCuGetProcAddress) {
       {"cuCtxPopCurrent", 12000, 0, "cuCtxPopCurrent_v2"},
       {"cuCtxGetDevice", 12000, 0, "cuCtxGetDevice"},
       {"cuPointerSetAttribute", 12000, 0, "cuPointerSetAttribute"},
+      {"cuStreamWaitEvent", 12000, 2, "cuStreamWaitEvent_ptsz"},
+      {"cuMemAllocPitch", 3000, 0, "cuMemAllocPitch"},
   };
   auto getProcV1 = reinterpret_cast<int (*)(const char*, void**, int, std::uint64_t)>(
       dlsym(drv_.handle, "cuGetProcAddress"));
@@ -358,6 +364,59 @@ TEST_F(FakeCudaTest, StreamsAreIndependentAndTheLegacyStreamWaitsForBlockingOnes
   EXPECT_EQ(drv_.streamQuery(nullptr), kSuccess);
 }
 
+// A correct fake passes this whatever the timing; the delays only make a missing wait show.
+TEST_F(FakeCudaTest, StreamWaitEventOrdersAnotherStreamAfterTheEvent) {
+  auto waitEvent =
+      reinterpret_cast<int (*)(void*, void*, unsigned)>(dlsym(drv_.handle, "cuStreamWaitEvent"));
+  ASSERT_NE(waitEvent, nullptr);
+  void* producer = stream();
+  void* consumer = stream();
+  void* produced = event();
+  void* consumed = event();
+  ASSERT_TRUE(producer != nullptr && consumer != nullptr && produced != nullptr &&
+              consumed != nullptr);
+  const std::uint64_t a = alloc(4096);
+  ASSERT_NE(a, 0u);
+  const auto first = pattern(4096, 10), second = pattern(4096, 11);
+  std::vector<unsigned char> out(4096, 0);
+  drv_.set("copy_delay_us", 100000);
+  ASSERT_EQ(drv_.memcpyHtoDAsync(a, first.data(), 4096, producer), kSuccess);
+  ASSERT_EQ(drv_.memcpyHtoDAsync(a, second.data(), 4096, producer), kSuccess);
+  ASSERT_EQ(drv_.eventRecord(produced, producer), kSuccess);
+  ASSERT_EQ(waitEvent(consumer, produced, 0), kSuccess);
+  ASSERT_EQ(drv_.memcpyDtoHAsync(out.data(), a, 4096, consumer), kSuccess);
+  ASSERT_EQ(drv_.eventRecord(consumed, consumer), kSuccess);
+  EXPECT_EQ(drv_.eventQuery(consumed), kNotReady);
+  ASSERT_EQ(drv_.eventSynchronize(consumed), kSuccess);
+  EXPECT_EQ(drv_.eventQuery(produced), kSuccess) << "the consumer ran after the producer's event";
+  EXPECT_EQ(out, second);
+  EXPECT_EQ(waitEvent(consumer, consumed, 0), kSuccess) << "its own, complete position";
+  int bogus = 0;
+  EXPECT_EQ(waitEvent(consumer, &bogus, 0), kInvalidHandle);
+}
+
+TEST_F(FakeCudaTest, PitchedAllocationsRoundRowsUp) {
+  auto allocPitch =
+      reinterpret_cast<int (*)(std::uint64_t*, std::size_t*, std::size_t, std::size_t, unsigned)>(
+          dlsym(drv_.handle, "cuMemAllocPitch_v2"));
+  ASSERT_NE(allocPitch, nullptr);
+  void* fn = nullptr;
+  int status = -1;
+  ASSERT_EQ(drv_.getProcAddress("cuMemAllocPitch", &fn, 12000, 0, &status), kSuccess);
+  EXPECT_EQ(fn, reinterpret_cast<void*>(allocPitch));
+  std::uint64_t p = 0;
+  std::size_t pitch = 0;
+  EXPECT_EQ(allocPitch(&p, &pitch, 1000, 3, 3), kInvalidValue) << "element size 4, 8 or 16";
+  ASSERT_EQ(allocPitch(&p, &pitch, 1000, 3, 4), kSuccess);
+  allocs_.push_back(p);
+  EXPECT_EQ(pitch, 1024u);
+  std::size_t size = 0;
+  ASSERT_EQ(drv_.pointerGetAttribute(&size, 12 /* RANGE_SIZE */, p + 2000), kSuccess);
+  EXPECT_EQ(size, 3 * 1024u);
+  std::vector<unsigned char> row(1000, 9);
+  EXPECT_EQ(drv_.memcpyHtoD(p + 2 * pitch, row.data(), 1000), kSuccess);
+}
+
 TEST_F(FakeCudaTest, StreamAndEventHandlesAreValidated) {
   int bogus = 0;
   std::vector<unsigned char> buf(16, 0);
@@ -412,7 +471,8 @@ TEST_F(FakeCudaTest, FreeThenReallocateAtTheSameAddressReadsZerosNotTheOldBytes)
 
 TEST_F(FakeCudaTest, AHolderOfTheOldPagesKeepsThemAfterTheFree) {
   if (drv_.get("cpu_access") == 0) {
-    GTEST_SKIP() << "pinning the pages needs CPU access to device memory (GMD_FAKE_CUDA_CPU_ACCESS=0)";
+    GTEST_SKIP()
+        << "pinning the pages needs CPU access to device memory (GMD_FAKE_CUDA_CPU_ACCESS=0)";
   }
   // vmsplice takes references to the pages as an RDMA registration pins them.
   const std::uint64_t a = drv_.alloc(65536);

@@ -28,7 +28,8 @@ struct FakeDriver {
                         unsigned long long) = nullptr;
   int (*addressFree)(std::uint64_t, std::size_t) = nullptr;
   int (*memCreate)(std::uint64_t*, std::size_t, const void*, unsigned long long) = nullptr;
-  int (*memMap)(std::uint64_t, std::size_t, std::size_t, std::uint64_t, unsigned long long) = nullptr;
+  int (*memMap)(std::uint64_t, std::size_t, std::size_t, std::uint64_t,
+                unsigned long long) = nullptr;
   int (*memUnmap)(std::uint64_t, std::size_t) = nullptr;
   int (*memRelease)(std::uint64_t) = nullptr;
   int (*getProcAddress)(const char*, void**, int, std::uint64_t, int*) = nullptr;
