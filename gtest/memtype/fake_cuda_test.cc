@@ -40,6 +40,38 @@ std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
   return v;
 }
 
+// For the length of a death test: sanitizers (ASan, TSan) leave SIGSEGV alone in the child, which
+// must die of it rather than exit with a report. The child is a re-executed binary
+// (death_test_style threadsafe): it reads the options from the environment set here.
+class SegvReachesTheChild {
+ public:
+  SegvReachesTheChild() {
+    for (std::size_t i = 0; i < 2; ++i) {
+      const char* old = std::getenv(kVars[i]);
+      had_[i] = old != nullptr;
+      saved_[i] = old != nullptr ? old : "";
+      const std::string value = saved_[i].empty() ? "handle_segv=0" : saved_[i] + ":handle_segv=0";
+      setenv(kVars[i], value.c_str(), 1);
+    }
+  }
+  ~SegvReachesTheChild() {
+    for (std::size_t i = 0; i < 2; ++i) {
+      if (had_[i]) {
+        setenv(kVars[i], saved_[i].c_str(), 1);
+      } else {
+        unsetenv(kVars[i]);
+      }
+    }
+  }
+  SegvReachesTheChild(const SegvReachesTheChild&) = delete;
+  SegvReachesTheChild& operator=(const SegvReachesTheChild&) = delete;
+
+ private:
+  static constexpr const char* kVars[2] = {"ASAN_OPTIONS", "TSAN_OPTIONS"};
+  bool had_[2] = {};
+  std::string saved_[2];
+};
+
 class FakeCudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -553,6 +585,7 @@ TEST_F(FakeCudaTest, CpuAccessToDeviceMemoryIsWhatTheModeSays) {
   } else {
     ASSERT_EQ(drv_.get("cpu_access"), 0);
     GTEST_FLAG_SET(death_test_style, "threadsafe");
+    SegvReachesTheChild segv;
     EXPECT_EXIT((void)*reinterpret_cast<volatile unsigned char*>(a + 100),
                 testing::KilledBySignal(SIGSEGV), "");
   }
@@ -673,6 +706,7 @@ TEST(FakeCudaDeathTest, CpuReadOfDeviceMemoryFaultsWithoutCpuAccess) {
   const char* old = std::getenv("GMD_FAKE_CUDA_CPU_ACCESS");
   const std::string saved = old != nullptr ? old : "";
   ASSERT_EQ(setenv("GMD_FAKE_CUDA_CPU_ACCESS", "0", 1), 0);
+  SegvReachesTheChild segv;
   EXPECT_EXIT(touchDeviceMemoryWithoutCpuAccess(), testing::KilledBySignal(SIGSEGV),
               "copies and managed memory fine");
   if (old != nullptr) {
