@@ -160,8 +160,8 @@ struct Handle {
   char* alias = nullptr;  // read-write view of them, for the fake's own copies
 };
 
-std::mutex
-    g_mu;  // guards everything below up to the controls; never held while waiting on a stream
+// Guards everything below up to the controls; never held while waiting for a stream.
+std::mutex g_mu;
 std::atomic<bool> g_initialized{false};
 std::uintptr_t g_arena = 0;
 int g_arena_fd = -1;
@@ -523,6 +523,8 @@ struct Stream {
   }
 };
 
+// A position in a stream (the stream's submitted count when recorded); complete once the stream's
+// completed count reaches it. Its fields are guarded by g_stream_mu.
 struct Event {
   unsigned flags = 0;
   std::shared_ptr<Stream> stream;  // null: never recorded, or recorded on the legacy stream
@@ -530,8 +532,10 @@ struct Event {
 };
 
 // Registries, never destroyed: a stream's worker may outlive static destruction at exit.
-std::mutex
-    g_stream_mu;  // guards the two registries and every Event's fields; taken before a Stream's mu
+// Lock order: g_stream_mu, then a Stream's mu. g_mu is never held with either (nor while waiting
+// for a stream); workers take only their own Stream's mu (and wait on another's for a
+// cuStreamWaitEvent, holding none).
+std::mutex g_stream_mu;  // guards the two registries and every Event's fields
 std::map<void*, std::shared_ptr<Stream>>& streams() noexcept {
   static auto* m = new std::map<void*, std::shared_ptr<Stream>>;
   return *m;
