@@ -6,15 +6,16 @@
 //   init/devices: cuInit, cuDriverGetVersion, cuDeviceGetCount, cuDeviceGet, cuDeviceGetAttribute,
 //     cuDeviceGetPCIBusId, cuGetProcAddress (11.3 and 12 signatures: cuGetProcAddress(_v2)).
 //   memory: cuMemAlloc(_v2), cuMemAllocPitch(_v2), cuMemFree(_v2), cuMemAllocManaged,
-//   cuMemAllocAsync(_ptsz),
-//     cuMemFreeAsync(_ptsz), cuMemGetAddressRange(_v2), cuMemGetHandleForAddressRange (a memfd
-//     stands in for the dma-buf), VMM: cuMemAddressReserve/Free, cuMemCreate, cuMemMap, cuMemUnmap,
-//     cuMemRelease, cuMemSetAccess, cuMemGetAllocationGranularity.
+//     cuMemAllocAsync(_ptsz), cuMemFreeAsync(_ptsz), cuMemGetAddressRange(_v2),
+//     cuMemGetHandleForAddressRange (a memfd stands in for the dma-buf), VMM: cuMemAddressReserve,
+//     cuMemAddressFree, cuMemCreate, cuMemMap, cuMemUnmap, cuMemRelease, cuMemSetAccess,
+//     cuMemGetAllocationGranularity.
 //   pointers: cuPointerGetAttribute(s) (CONTEXT, MEMORY_TYPE, SYNC_MEMOPS, BUFFER_ID, IS_MANAGED,
-//     DEVICE_ORDINAL, RANGE_START_ADDR, RANGE_SIZE, MAPPED), cuPointerSetAttribute (SYNC_MEMOPS).
+//     DEVICE_ORDINAL, RANGE_START_ADDR, RANGE_SIZE, MAPPED), cuPointerSetAttribute (SYNC_MEMOPS,
+//     from an unsigned int; read back as a one-byte bool, the type the driver documents).
 //   copies: cuMemcpy(_ptds), cuMemcpyAsync(_ptsz), cuMemcpyHtoD/DtoH/DtoD (v1 32-bit, _v2,
-//   _v2_ptds),
-//     cuMemcpyHtoDAsync/DtoHAsync/DtoDAsync (v1, _v2, _v2_ptsz), cuMemsetD8 (v1, _v2, _v2_ptds).
+//     _v2_ptds), cuMemcpyHtoDAsync/DtoHAsync/DtoDAsync (v1, _v2, _v2_ptsz), cuMemsetD8 (v1, _v2,
+//     _v2_ptds).
 //   streams/events: cuStreamCreate, cuStreamDestroy(_v2), cuStreamSynchronize(_ptsz),
 //     cuStreamQuery(_ptsz), cuStreamWaitEvent(_ptsz), cuEventCreate, cuEventRecord(_ptsz),
 //     cuEventQuery, cuEventSynchronize, cuEventDestroy(_v2), cuCtxSynchronize.
