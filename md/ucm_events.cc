@@ -26,14 +26,15 @@ extern "C" {
 #include <ucs/memory/memtype_cache.h>
 
 #include "md/mapping.h"
+#include "md/md.h"
 #include "md/ucs_topology.h"
 #include "md/ucx_abi.h"
 
 namespace gmd::md::ucm_events {
 namespace {
 
-// UCS_MEM_FLAG_REGISTRABLE (1.22 on; md/abi/ucx_1_22.h checks the value against UCX's header).
-constexpr std::uint8_t kRegistrable = 1u << 0;
+// UCS_MEM_FLAG_REGISTRABLE (1.22 on), as UCX's own CUDA memory hooks mark device memory.
+constexpr std::uint8_t kRegistrable = kMemFlagRegistrable;
 // Device allocations the maps scan looks for back to back from the start of one mapping.
 constexpr int kMaxProbesPerMapping = 4096;
 

@@ -104,6 +104,8 @@ DriverApi* load() noexcept {
   api.deviceGet = reinterpret_cast<decltype(api.deviceGet)>(res.get("cuDeviceGet", "cuDeviceGet"));
   api.deviceGetPCIBusId = reinterpret_cast<decltype(api.deviceGetPCIBusId)>(
       res.get("cuDeviceGetPCIBusId", "cuDeviceGetPCIBusId"));
+  api.pointerSetAttribute = reinterpret_cast<decltype(api.pointerSetAttribute)>(
+      res.get("cuPointerSetAttribute", "cuPointerSetAttribute"));
   if (api.pointerGetAttribute == nullptr || api.pointerGetAttributes == nullptr ||
       api.memGetAddressRange == nullptr || api.deviceGetAttribute == nullptr) {
     log(LogLevel::kWarn, kLogModule,

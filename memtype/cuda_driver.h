@@ -41,6 +41,8 @@ struct DriverApi {
   CuResult (*deviceGetPCIBusId)(char* bus_id, int len, int device) = nullptr;
   // The driver's own free entry points, for tests that need to free behind the hooks' back.
   CuResult (*memFree)(CuDevicePtr ptr) = nullptr;
+  // Optional; nullptr when absent (then setSyncMemops() answers -1, memtype/copier.h).
+  CuResult (*pointerSetAttribute)(const void* value, int attribute, CuDevicePtr ptr) = nullptr;
 };
 
 // The loaded driver, or nullptr when there is none (no library, no device, CUDA compiled out).

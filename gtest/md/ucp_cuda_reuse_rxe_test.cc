@@ -5,8 +5,9 @@
 // From UCX 1.16 UCP keeps its own registration cache, which drops a region only on libucm's
 // VM_UNMAPPED and MEM_TYPE_FREE events; cuMemFree unmaps nothing. gmd raises MEM_TYPE_FREE
 // (md/ucm_events.h). With UCX_GMD_CUDA_EVENTS=n on UCX >= 1.16 the second send reuses the first
-// registration, whose pages are the freed ones (the fake driver gives a freed range fresh pages:
-// GMD_FAKE_CUDA_FRESH_PAGES=1), and the old bytes arrive: this test expects exactly that there.
+// registration, whose pages are the freed ones (the fake driver punches a freed range out of its
+// arena, so a reallocation gets fresh pages), and the old bytes arrive: this test expects exactly
+// that there.
 //
 // Inside the test VM only: the guest claims NVIDIA peer memory (a tmpfs over /sys/kernel/mm in the
 // command's own mount namespace) so that gmd registers device memory with ibv_reg_mr

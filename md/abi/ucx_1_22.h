@@ -211,8 +211,6 @@ struct UcmMemTypeEvent {
   std::uint8_t mem_flags;
 };
 inline constexpr bool kUcmMemTypeEventHasDevice = true;
-inline constexpr std::uint8_t kMemFlagRegistrable = 1u << 0;  // UCS_MEM_FLAG_REGISTRABLE
-static_assert(kMemFlagRegistrable == UCS_MEM_FLAG_REGISTRABLE, "ucs memory flags");
 static_assert(offsetof(ucm_event_t, mem_type) == 0, "libucm mem_type event layout");
 static_assert(sizeof(ucm_event_t::mem_type) == sizeof(UcmMemTypeEvent),
               "libucm mem_type event layout");
