@@ -43,7 +43,8 @@ CuDevicePtr devPtr(const void* p) noexcept { return reinterpret_cast<CuDevicePtr
 // device's or the driver's failure.
 void logCopyError(const char* what, CuResult r, void* dst, const void* src,
                   std::size_t len) noexcept {
-  log(r == kCudaErrorInvalidValue ? LogLevel::kDebug : LogLevel::kError, kLogModule,
+  const bool caller = r == kCudaErrorInvalidValue || r == 400 /* INVALID_HANDLE */ || r == 500;
+  log(caller ? LogLevel::kDebug : LogLevel::kError, kLogModule,
       "%s(%p <- %p, %zu bytes) failed: CUDA error %d", what, dst, src, len, r);
 }
 
