@@ -31,9 +31,9 @@ using detail::kLogModule;
 
 namespace {
 
-constexpr int kAttrDeviceOrdinal = 9;  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-constexpr int kAttrSyncMemops = 6;     // CU_POINTER_ATTRIBUTE_SYNC_MEMOPS
-constexpr unsigned kStreamNonBlocking = 0x1;  // CU_STREAM_NON_BLOCKING
+constexpr int kAttrDeviceOrdinal = 9;          // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+constexpr int kAttrSyncMemops = 6;             // CU_POINTER_ATTRIBUTE_SYNC_MEMOPS
+constexpr unsigned kStreamNonBlocking = 0x1;   // CU_STREAM_NON_BLOCKING
 constexpr unsigned kEventDisableTiming = 0x2;  // CU_EVENT_DISABLE_TIMING
 constexpr std::size_t kMaxIdleEvents = 64;     // per device; more are destroyed when they come back
 

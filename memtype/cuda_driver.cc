@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdarg>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +29,10 @@ static_assert(CUDA_ERROR_INVALID_VALUE == kCudaErrorInvalidValue &&
                   CUDA_ERROR_NOT_READY == kCudaErrorNotReady &&
                   CUDA_ERROR_NOT_SUPPORTED == kCudaErrorNotSupported,
               "CUresult values mirrored in cuda_driver.h");
+static_assert(sizeof(CUmemAllocationProp) <= kAllocationPropSize &&
+                  offsetof(CUmemAllocationProp, location) + offsetof(CUmemLocation, id) ==
+                      kAllocationPropLocationIdOffset,
+              "CUmemAllocationProp layout mirrored in cuda_driver.h");
 
 namespace {
 
@@ -115,6 +120,8 @@ DriverApi* load() noexcept {
   // Optional entry points (the Copier, SYNC_MEMOPS). Exported names are the ABI versions
   // cuGetProcAddress hands out for kAbiVersion.
   resolve(res, api.pointerSetAttribute, "cuPointerSetAttribute", "cuPointerSetAttribute");
+  resolve(res, api.memGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle",
+          "cuMemGetAllocationPropertiesFromHandle");
   resolve(res, api.memCopy, "cuMemcpy", "cuMemcpy");
   resolve(res, api.memCopyAsync, "cuMemcpyAsync", "cuMemcpyAsync");
   resolve(res, api.streamCreate, "cuStreamCreate", "cuStreamCreate");

@@ -44,6 +44,9 @@ struct DriverApi {
   // The driver's own free entry points, for tests that need to free behind the hooks' back.
   CuResult (*memFree)(CuDevicePtr ptr) = nullptr;
   CuResult (*pointerSetAttribute)(const void* value, int attribute, CuDevicePtr ptr) = nullptr;
+  // Optional: the CUmemAllocationProp of a VMM handle (into a buffer of kAllocationPropSize bytes),
+  // for the device a cuMemMap maps.
+  CuResult (*memGetAllocationPropertiesFromHandle)(void* prop, CuMemHandle handle) = nullptr;
 
   // Optional: copies, streams, events and contexts (the Copier, memtype/copier.h). A driver lacking
   // any of them still classifies; hasCopyApi() says whether the Copier can run on it.
@@ -75,6 +78,11 @@ struct DriverApi {
            deviceGet != nullptr;
   }
 };
+
+// CUmemAllocationProp: at most this many bytes; its location.id (the device ordinal for a device
+// location) is an int at this offset (checked against cuda.h where it is available).
+inline constexpr std::size_t kAllocationPropSize = 64;
+inline constexpr std::size_t kAllocationPropLocationIdOffset = 12;
 
 // CUresult values memtype/ decides on (cuda.h's, checked against it where cuda.h is available).
 inline constexpr CuResult kCudaSuccess = 0;

@@ -182,6 +182,17 @@ void* wrapProcResult(const char* symbol, int version, void* fn) noexcept;
 
 CuDevicePtr toDevPtr(const void* p) noexcept { return reinterpret_cast<CuDevicePtr>(p); }
 
+// The device a VMM handle's memory lives on (CUmemAllocationProp.location.id), or -1.
+int handleDevice(CuMemHandle handle) noexcept {
+  const DriverApi* api = driver();
+  if (api == nullptr || api->memGetAllocationPropertiesFromHandle == nullptr) return -1;
+  alignas(8) unsigned char prop[kAllocationPropSize] = {};
+  if (api->memGetAllocationPropertiesFromHandle(prop, handle) != 0) return -1;
+  int id = -1;
+  std::memcpy(&id, prop + kAllocationPropLocationIdOffset, sizeof(id));
+  return id;
+}
+
 template <int S>
 CuResult wrapMemFreeV1(unsigned int ptr) {
   DepthGuard g;
@@ -229,7 +240,7 @@ CuResult wrapMemMap(CuDevicePtr ptr, std::size_t size, std::size_t offset, CuMem
                                  unsigned long long)>(kMemMap, S)(ptr, size, offset, handle, flags);
   if (r == 0) {
     recordMapping(ptr, size, handle);
-    if (g.outer) onAllocation(ptr, size, MemType::kCuda);
+    if (g.outer) onAllocation(ptr, size, MemType::kCuda, handleDevice(handle));
   }
   return r;
 }

@@ -44,7 +44,8 @@ void afterFree(Range range) noexcept;
 void freeBegin() noexcept;
 void freeEnd() noexcept;
 // Called by the outermost allocation wrapper once the driver (or runtime) returned [start, start +
-// length) of type: tells the allocation subscribers. Hook-safe.
-void onAllocation(CuDevicePtr start, std::size_t length, MemType type) noexcept;
+// length) of type: tells the allocation subscribers. device: the ordinal when the wrapper knows it
+// (a VMM handle's), else -1 and the driver is asked for the pointer's. Hook-safe.
+void onAllocation(CuDevicePtr start, std::size_t length, MemType type, int device = -1) noexcept;
 
 }  // namespace gmd::memtype::detail

@@ -239,16 +239,18 @@ Range onDeviceFree(CuDevicePtr ptr) noexcept {
   return {};  // not a live allocation: the driver will reject the free; nothing to report
 }
 
-void onAllocation(CuDevicePtr start, std::size_t length, MemType type) noexcept {
+void onAllocation(CuDevicePtr start, std::size_t length, MemType type, int device) noexcept {
   if (g_alloc_sub_count.load(std::memory_order_acquire) == 0) return;
   AllocEvent event;
   event.start = static_cast<std::uintptr_t>(start);
   event.length = length;
   event.type = type;
+  event.device = device;
 #if GMD_HAVE_CUDA
   // The device, as classify() would find it. Nothing is cached here: a cache insert allocates, and
   // the hooks do not (the next classify() of the range pays the same query once).
-  if (const DriverApi* api = driver()) {
+  const DriverApi* api = device < 0 ? driver() : nullptr;
+  if (api != nullptr) {
     Info info;
     queryDriver(*api, event.start, &info);
     event.device = info.device;

@@ -1,5 +1,5 @@
-// memtype/'s allocation hooks against the fake CUDA driver (label unit): every allocation entry point
-// the fake has, reached through dlsym, cuGetProcAddress and a dynamic runtime's PLT (the fake
+// memtype/'s allocation hooks against the fake CUDA driver (label unit): every allocation entry
+// point the fake has, reached through dlsym, cuGetProcAddress and a dynamic runtime's PLT (the fake
 // runtime, gtest/memtype/fake_cuda/fake_cudart.cc), reports exactly one event with the exact start,
 // length, type and device, while the allocation is live, before the call returns.
 #include <gtest/gtest.h>
@@ -60,7 +60,8 @@ class AllocTest : public ::testing::Test {
   test::AllocRecorder rec_;
 };
 
-// --- the driver, through dlsym (after installation: the redirected symbol table answers) ------------
+// --- the driver, through dlsym (after installation: the redirected symbol table answers)
+// ------------
 
 TEST_F(AllocTest, CuMemAllocV2) {
   std::uint64_t p = 0;
@@ -132,7 +133,8 @@ TEST_F(AllocTest, FailedAllocationReportsNothing) {
   EXPECT_EQ(rec_.size(), 0u);
 }
 
-// --- the driver through cuGetProcAddress (how a static cudart reaches it) ---------------------------
+// --- the driver through cuGetProcAddress (how a static cudart reaches it)
+// ---------------------------
 
 TEST_F(AllocTest, AllocationsThroughCuGetProcAddressForEveryAbiVersion) {
   auto alloc_v2 = proc<int (*)(std::uint64_t*, std::size_t)>("cuMemAlloc", 12000);
@@ -155,7 +157,8 @@ TEST_F(AllocTest, AllocationsThroughCuGetProcAddressForEveryAbiVersion) {
   for (std::uint64_t p : {a, std::uint64_t{b}, c, d}) ASSERT_EQ(drv_.memFree(p), 0);
 }
 
-// --- a dynamic runtime: its wrapper reports, the driver call inside it does not again --------------
+// --- a dynamic runtime: its wrapper reports, the driver call inside it does not again
+// --------------
 
 TEST_F(AllocTest, CudaMallocIsOneEvent) {
   void* p = nullptr;
@@ -195,7 +198,8 @@ TEST_F(AllocTest, CudaMallocAsyncAndFromPoolAreOneEventEach) {
   ASSERT_EQ(cudaFree(q), 0);
 }
 
-// --- subscriptions ----------------------------------------------------------------------------------
+// --- subscriptions
+// ----------------------------------------------------------------------------------
 
 TEST_F(AllocTest, EverySubscriberSeesEachAllocationAndUnsubscribeStopsIt) {
   auto* other = new test::AllocRecorder();

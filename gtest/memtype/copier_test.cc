@@ -1,10 +1,12 @@
 // The Copier (memtype/copier.h) against the fake CUDA driver (label unit): every direction (host,
 // device, managed), odd sizes and offsets, 0 bytes; bytes checked by copying them back to the host
-// (the fake may forbid CPU access to its device memory, as a discrete GPU does); asynchronous copies
-// completed in submission order by progress() and by drain(); context handling with no current
-// context, on a fresh thread, and with another context current; driver errors.
+// (the fake may forbid CPU access to its device memory, as a discrete GPU does); asynchronous
+// copies completed in submission order by progress() and by drain(); context handling with no
+// current context, on a fresh thread, and with another context current; driver errors.
 //
 // Skips with a reason when the fake driver lacks the copy, stream, event or context entry points.
+#include "memtype/copier.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "gtest/memtype/fake_driver.h"
-#include "memtype/copier.h"
 #include "memtype/cuda_driver.h"
 #include "memtype/memtype.h"
 
@@ -25,7 +26,8 @@ constexpr std::size_t kMiB = 1 << 20;
 // A host pattern that differs for every byte position and seed.
 std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
   std::vector<unsigned char> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 131 + seed * 7 + 1) & 0xff);
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = static_cast<unsigned char>((i * 131 + seed * 7 + 1) & 0xff);
   return v;
 }
 
@@ -95,7 +97,8 @@ class CopierTest : public ::testing::Test {
   std::vector<std::uint64_t> allocs_;
 };
 
-// --- synchronous copies -----------------------------------------------------------------------------
+// --- synchronous copies
+// -----------------------------------------------------------------------------
 
 TEST_F(CopierTest, HostToDeviceToHostEverySizeClassAndOddOffsets) {
   void* d = device(5 * kMiB);
@@ -146,7 +149,8 @@ TEST_F(CopierTest, ZeroBytesIsANoOpEvenForNullPointers) {
   EXPECT_EQ(copier_->copy(h.data(), d, 0), 0);
 }
 
-// --- asynchronous copies ----------------------------------------------------------------------------
+// --- asynchronous copies
+// ----------------------------------------------------------------------------
 
 TEST_F(CopierTest, AsyncCopiesCompleteInSubmissionOrderThroughProgress) {
   constexpr int kCopies = 24;
@@ -234,7 +238,8 @@ TEST_F(CopierTest, DestroyingWithCopiesInFlightCompletesThem) {
   EXPECT_EQ(c.done[0].second, 0);
 }
 
-// --- contexts ---------------------------------------------------------------------------------------
+// --- contexts
+// ---------------------------------------------------------------------------------------
 
 TEST_F(CopierTest, FreshThreadWithoutContextCopiesAndStaysWithoutOne) {
   void* d = device(kMiB);
@@ -294,7 +299,8 @@ TEST_F(CopierTest, CallersContextIsUnchanged) {
   api_->devicePrimaryCtxRelease(1);
 }
 
-// --- errors -----------------------------------------------------------------------------------------
+// --- errors
+// -----------------------------------------------------------------------------------------
 
 TEST_F(CopierTest, CopyPastTheAllocationReturnsTheDriverErrorAndCallsNoCallback) {
   void* d = device(64 * 1024);
@@ -320,7 +326,8 @@ TEST_F(CopierTest, NullHostSideReturnsTheDriverError) {
   EXPECT_TRUE(c.done.empty());
 }
 
-// --- SYNC_MEMOPS -------------------------------------------------------------------------------------
+// --- SYNC_MEMOPS
+// -------------------------------------------------------------------------------------
 
 TEST_F(CopierTest, SetSyncMemopsSetsTheAttribute) {
   if (api_->pointerSetAttribute == nullptr) GTEST_SKIP() << "no cuPointerSetAttribute in the fake";

@@ -4,8 +4,8 @@
 // wrapper reaches the driver's) are exercised.
 //
 // The fake driver has no cuMemAllocPitch or memory pools: cudaMallocPitch allocates pitch * height
-// with cuMemAlloc_v2 (the pitch rounded up to 512 bytes, as a device's texture alignment would), and
-// cudaMallocFromPoolAsync ignores its pool and calls cuMemAllocAsync.
+// with cuMemAlloc_v2 (the pitch rounded up to 512 bytes, as a device's texture alignment would),
+// and cudaMallocFromPoolAsync ignores its pool and calls cuMemAllocAsync.
 #include <cstddef>
 #include <cstdint>
 
