@@ -358,7 +358,29 @@ int setSyncMemops(const void* ptr) noexcept {
     return -1;
   }
   const unsigned one = 1;
-  CuResult r = api->pointerSetAttribute(&one, kAttrSyncMemops, devPtr(ptr));
+  // Like a copy, it needs a context: without one on this thread, the pointer's device's primary
+  // context for the call.
+  CuContext cur = nullptr;
+  CuContext primary = nullptr;
+  int ordinal = -1;
+  int dev = 0;
+  if (api->hasCopyApi() && api->ctxGetCurrent(&cur) == kCudaSuccess && cur == nullptr &&
+      (ordinal = deviceOf(*api, ptr)) >= 0 && api->deviceGet(&dev, ordinal) == kCudaSuccess &&
+      api->devicePrimaryCtxRetain(&primary, dev) != kCudaSuccess) {
+    primary = nullptr;
+  }
+  CuResult r;
+  if (primary != nullptr) {
+    {
+      ScopedContext scope(*api, primary);
+      r = scope.result() != kCudaSuccess
+              ? scope.result()
+              : api->pointerSetAttribute(&one, kAttrSyncMemops, devPtr(ptr));
+    }
+    api->devicePrimaryCtxRelease(dev);
+  } else {
+    r = api->pointerSetAttribute(&one, kAttrSyncMemops, devPtr(ptr));
+  }
   if (r != kCudaSuccess) {
     log(LogLevel::kDebug, kLogModule, "cuPointerSetAttribute(SYNC_MEMOPS, %p) failed (%d)", ptr, r);
   }
