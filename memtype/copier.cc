@@ -56,7 +56,8 @@ int deviceOf(const DriverApi& api, const void* p) noexcept {
 }
 
 // Makes `ctx` current for the scope when it is not already (push/pop), so that the caller's
-// context state is the same afterwards.
+// context state is the same afterwards. Thread safety: a scope object lives on one thread's stack
+// (contexts are per-thread state).
 class ScopedContext {
  public:
   ScopedContext(const DriverApi& api, CuContext ctx) noexcept : api_(api) {
@@ -82,6 +83,7 @@ class ScopedContext {
 
 }  // namespace
 
+// Thread safety: none of its own; the Copier's contract (one thread at a time) covers it.
 struct Copier::Impl {
   struct Pending {
     CuEvent event;  // nullptr: finished when queued (host copies, 0 bytes)

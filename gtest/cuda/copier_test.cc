@@ -33,6 +33,7 @@ std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
   return v;
 }
 
+// Completion records; thread safety: callbacks run inside progress()/drain() on the test's thread.
 struct Completions {
   std::vector<std::pair<int, int>> done;  // (tag, result), in completion order
   static void cb(void* arg, int result) {

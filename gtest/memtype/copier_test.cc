@@ -31,7 +31,8 @@ std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
   return v;
 }
 
-// Records completions in order (plain array: called from progress()/drain() on this thread).
+// Records completions in order. Thread safety: callbacks run inside progress()/drain() on the
+// test's thread.
 struct Completions {
   std::vector<std::pair<int, int>> done;  // (tag, result)
   static void cb(void* arg, int result) {
