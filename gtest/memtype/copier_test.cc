@@ -217,6 +217,46 @@ TEST_F(CopierTest, DrainCompletesEverythingEveryDirection) {
   EXPECT_EQ(host_copy, in);
 }
 
+// A done callback may queue the next copy (a transport's completion starting the next fragment).
+struct Chain {
+  Copier* copier;
+  void* dev;
+  unsigned char* host;
+  std::size_t n;
+  int left;
+  int done = 0;
+  int errors = 0;
+  static void cb(void* arg, int result) {
+    auto* c = static_cast<Chain*>(arg);
+    ++c->done;
+    if (result != 0) ++c->errors;
+    if (c->left-- > 0 && c->copier->copyAsync(c->host, c->dev, c->n, &Chain::cb, c) != 0) {
+      ++c->errors;
+    }
+  }
+};
+
+TEST_F(CopierTest, DoneCallbackMayQueueTheNextCopy) {
+  const std::size_t n = 64 * 1024 + 1;
+  void* d = device(n);
+  const std::vector<unsigned char> in = pattern(n, 30);
+  std::vector<unsigned char> out(n, 0);
+  ASSERT_EQ(copier_->copy(d, in.data(), n), 0);
+  Chain chain{copier_.get(), d, out.data(), n, 5};
+  ASSERT_EQ(copier_->copyAsync(out.data(), d, n, &Chain::cb, &chain), 0);
+  while (copier_->outstanding() != 0) copier_->progress();
+  EXPECT_EQ(chain.done, 6);
+  EXPECT_EQ(chain.errors, 0);
+  EXPECT_EQ(in, out);
+  // The same through drain().
+  chain.left = 3;
+  chain.done = 0;
+  ASSERT_EQ(copier_->copyAsync(out.data(), d, n, &Chain::cb, &chain), 0);
+  copier_->drain();
+  EXPECT_EQ(chain.done, 4);
+  EXPECT_EQ(copier_->outstanding(), 0u);
+}
+
 TEST_F(CopierTest, ZeroByteAsyncCopyStillCompletesOnce) {
   Completions c;
   std::pair<Completions*, int> t{&c, 7};
