@@ -187,6 +187,8 @@ struct Copier::Impl {
       Pending p = fifo.front();
       CuResult r = kCudaSuccess;
       if (p.event != nullptr) {
+        // The device's context only around the driver calls: callbacks see the caller's.
+        ScopedContext scope(api, d->ctx);
         r = wait ? api.eventSynchronize(p.event) : api.eventQuery(p.event);
         if (r == kCudaErrorNotReady) break;
         if (r != kCudaSuccess) {
@@ -331,9 +333,7 @@ unsigned Copier::progress() noexcept {
   if (m.outstanding == 0) return 0;
   unsigned n = m.complete(nullptr, m.host_done, false);
   for (Impl::Device& d : m.devices) {
-    if (d.fifo.empty()) continue;
-    ScopedContext scope(m.api, d.ctx);
-    n += m.complete(&d, d.fifo, false);
+    if (!d.fifo.empty()) n += m.complete(&d, d.fifo, false);
   }
   return n;
 }
@@ -346,9 +346,7 @@ void Copier::drain() noexcept {
   while (m.outstanding != 0) {
     m.complete(nullptr, m.host_done, true);
     for (Impl::Device& d : m.devices) {
-      if (d.fifo.empty()) continue;
-      ScopedContext scope(m.api, d.ctx);
-      m.complete(&d, d.fifo, true);
+      if (!d.fifo.empty()) m.complete(&d, d.fifo, true);
     }
   }
 }

@@ -224,12 +224,16 @@ struct Chain {
   unsigned char* host;
   std::size_t n;
   int left;
+  const detail::DriverApi* api;
+  void* caller_ctx;
   int done = 0;
   int errors = 0;
   static void cb(void* arg, int result) {
     auto* c = static_cast<Chain*>(arg);
     ++c->done;
     if (result != 0) ++c->errors;
+    void* ctx = reinterpret_cast<void*>(1);
+    if (c->api->ctxGetCurrent(&ctx) != 0 || ctx != c->caller_ctx) ++c->errors;  // caller's context
     if (c->left-- > 0 && c->copier->copyAsync(c->host, c->dev, c->n, &Chain::cb, c) != 0) {
       ++c->errors;
     }
@@ -242,19 +246,31 @@ TEST_F(CopierTest, DoneCallbackMayQueueTheNextCopy) {
   const std::vector<unsigned char> in = pattern(n, 30);
   std::vector<unsigned char> out(n, 0);
   ASSERT_EQ(copier_->copy(d, in.data(), n), 0);
-  Chain chain{copier_.get(), d, out.data(), n, 5};
-  ASSERT_EQ(copier_->copyAsync(out.data(), d, n, &Chain::cb, &chain), 0);
-  while (copier_->outstanding() != 0) copier_->progress();
+  // The caller has device 1's context current; the copies run in device 0's.
+  drv_.set("devices", 2);
+  std::unique_ptr<Copier> two = Copier::create();
+  ASSERT_NE(two, nullptr);
+  void* ctx1 = nullptr;
+  ASSERT_EQ(api_->devicePrimaryCtxRetain(&ctx1, 1), 0);
+  void* saved = currentContext();
+  ASSERT_EQ(api_->ctxSetCurrent(ctx1), 0);
+  Chain chain{two.get(), d, out.data(), n, 5, api_, ctx1};
+  ASSERT_EQ(two->copyAsync(out.data(), d, n, &Chain::cb, &chain), 0);
+  while (two->outstanding() != 0) two->progress();
   EXPECT_EQ(chain.done, 6);
-  EXPECT_EQ(chain.errors, 0);
+  EXPECT_EQ(chain.errors, 0) << "a copy failed or a callback saw another context";
   EXPECT_EQ(in, out);
   // The same through drain().
   chain.left = 3;
   chain.done = 0;
-  ASSERT_EQ(copier_->copyAsync(out.data(), d, n, &Chain::cb, &chain), 0);
-  copier_->drain();
+  ASSERT_EQ(two->copyAsync(out.data(), d, n, &Chain::cb, &chain), 0);
+  two->drain();
   EXPECT_EQ(chain.done, 4);
-  EXPECT_EQ(copier_->outstanding(), 0u);
+  EXPECT_EQ(chain.errors, 0);
+  EXPECT_EQ(two->outstanding(), 0u);
+  two.reset();
+  ASSERT_EQ(api_->ctxSetCurrent(saved), 0);
+  api_->devicePrimaryCtxRelease(1);
 }
 
 TEST_F(CopierTest, ZeroByteAsyncCopyStillCompletesOnce) {
