@@ -5,7 +5,10 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdint>
+#include <thread>
+#include <vector>
 
 #include "gtest/memtype/fake_driver.h"
 #include "memtype/memtype.h"
@@ -256,6 +259,30 @@ TEST_F(AllocTest, EverySubscriberSeesEachAllocationAndUnsubscribeStopsIt) {
   ASSERT_EQ(drv_.memAlloc(&p, kMiB), 0);
   EXPECT_EQ(rec_.count(p), 2u);
   ASSERT_EQ(drv_.memFree(p), 0);
+}
+
+// Allocations on several threads at once: each one event, on its own thread, none lost.
+TEST_F(AllocTest, ConcurrentAllocationsAreEachOneEvent) {
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 100;
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        void* p = nullptr;
+        const std::size_t size = 4096 * (1 + (i + t) % 8);
+        if ((i & 1 ? cudaMalloc(&p, size) : cudaMallocManaged(&p, size, 1)) != 0) {
+          ++errors;
+          continue;
+        }
+        if (cudaFree(p) != 0) ++errors;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(rec_.size(), static_cast<std::size_t>(kThreads * kRounds));
 }
 
 TEST_F(AllocTest, NullCallbackIsRefused) {
