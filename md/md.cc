@@ -165,6 +165,8 @@ std::unique_ptr<GpuDirectBackend> makeGpuDirect(const char* name, ibv_pd* pd,
 
 }  // namespace
 
+void useUcxLogger() noexcept { setLogHandler(logToUcx); }
+
 // The generation's ops table (md/abi/edge_md.cc) adapts UCX's slots to these.
 const MdImpl& mdImpl() noexcept {
   static const MdImpl impl = {
@@ -211,7 +213,7 @@ ucs_status_t Md::open(ucx::Component* component, const char* name, const MdConfi
     md->handle_.header.component = component;
     md->handle_.md = md.get();
 
-    setLogHandler(logToUcx);
+    useUcxLogger();
     md->ctx_ = openDevice(name);
     if (md->ctx_ == nullptr) {
       ucs_error("gmd: cannot open RDMA device %s: %s", name, std::strerror(errno));

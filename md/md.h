@@ -67,4 +67,7 @@ class Md {
 // The gmd component (md/component.cc).
 ucx::Component* component() noexcept;
 
+// Routes gmd's logger (common/log.h) to UCX's, level for level (every MD open calls it).
+void useUcxLogger() noexcept;
+
 }  // namespace gmd::md
