@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdarg>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +24,15 @@ namespace detail {
 static_assert(CUDA_SUCCESS == 0, "CuResult mirrors CUresult");
 static_assert(sizeof(CUdeviceptr) == sizeof(CuDevicePtr), "CuDevicePtr mirrors CUdeviceptr");
 static_assert(sizeof(CUmemGenericAllocationHandle) == sizeof(CuMemHandle), "CuMemHandle mirror");
+static_assert(CUDA_ERROR_INVALID_VALUE == kCudaErrorInvalidValue &&
+                  CUDA_ERROR_OUT_OF_MEMORY == kCudaErrorOutOfMemory &&
+                  CUDA_ERROR_NOT_READY == kCudaErrorNotReady &&
+                  CUDA_ERROR_NOT_SUPPORTED == kCudaErrorNotSupported,
+              "CUresult values mirrored in cuda_driver.h");
+static_assert(sizeof(CUmemAllocationProp) <= kAllocationPropSize &&
+                  offsetof(CUmemAllocationProp, location) + offsetof(CUmemLocation, id) ==
+                      kAllocationPropLocationIdOffset,
+              "CUmemAllocationProp layout mirrored in cuda_driver.h");
 
 namespace {
 
@@ -54,6 +64,11 @@ struct Resolver {
     return dlsym(handle, exported);  // drivers older than 11.3
   }
 };
+
+template <typename F>
+void resolve(const Resolver& res, F& field, const char* name, const char* exported) noexcept {
+  field = reinterpret_cast<F>(res.get(name, exported));
+}
 
 DriverApi* load() noexcept {
   const char* path = std::getenv("GMD_CUDA_DRIVER_PATH");
@@ -102,6 +117,29 @@ DriverApi* load() noexcept {
       res.get("cuMemGetHandleForAddressRange", "cuMemGetHandleForAddressRange"));
   api.memFree = reinterpret_cast<decltype(api.memFree)>(res.get("cuMemFree", "cuMemFree_v2"));
   api.deviceGet = reinterpret_cast<decltype(api.deviceGet)>(res.get("cuDeviceGet", "cuDeviceGet"));
+  // Optional entry points (the Copier, SYNC_MEMOPS). Exported names are the ABI versions
+  // cuGetProcAddress hands out for kAbiVersion.
+  resolve(res, api.pointerSetAttribute, "cuPointerSetAttribute", "cuPointerSetAttribute");
+  resolve(res, api.memGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle",
+          "cuMemGetAllocationPropertiesFromHandle");
+  resolve(res, api.memCopy, "cuMemcpy", "cuMemcpy");
+  resolve(res, api.memCopyAsync, "cuMemcpyAsync", "cuMemcpyAsync");
+  resolve(res, api.streamCreate, "cuStreamCreate", "cuStreamCreate");
+  resolve(res, api.streamDestroy, "cuStreamDestroy", "cuStreamDestroy_v2");
+  resolve(res, api.streamSynchronize, "cuStreamSynchronize", "cuStreamSynchronize");
+  resolve(res, api.streamQuery, "cuStreamQuery", "cuStreamQuery");
+  resolve(res, api.eventCreate, "cuEventCreate", "cuEventCreate");
+  resolve(res, api.eventRecord, "cuEventRecord", "cuEventRecord");
+  resolve(res, api.eventQuery, "cuEventQuery", "cuEventQuery");
+  resolve(res, api.eventSynchronize, "cuEventSynchronize", "cuEventSynchronize");
+  resolve(res, api.eventDestroy, "cuEventDestroy", "cuEventDestroy_v2");
+  resolve(res, api.ctxGetCurrent, "cuCtxGetCurrent", "cuCtxGetCurrent");
+  resolve(res, api.ctxSetCurrent, "cuCtxSetCurrent", "cuCtxSetCurrent");
+  resolve(res, api.ctxPushCurrent, "cuCtxPushCurrent", "cuCtxPushCurrent_v2");
+  resolve(res, api.ctxPopCurrent, "cuCtxPopCurrent", "cuCtxPopCurrent_v2");
+  resolve(res, api.devicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain");
+  resolve(res, api.devicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease",
+          "cuDevicePrimaryCtxRelease_v2");
   api.deviceGetPCIBusId = reinterpret_cast<decltype(api.deviceGetPCIBusId)>(
       res.get("cuDeviceGetPCIBusId", "cuDeviceGetPCIBusId"));
   if (api.pointerGetAttribute == nullptr || api.pointerGetAttributes == nullptr ||

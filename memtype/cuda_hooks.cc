@@ -1,11 +1,11 @@
-// CUDA free hooks. Three pieces, all installed under one mutex, never removed:
+// CUDA free and allocation hooks. Three pieces, all installed under one mutex, never removed:
 //
-//  1. Symbol-table redirection: the st_value of each free entry point in the driver's .dynsym (and of
-//     cudaFree/cudaFreeAsync in a loaded libcudart) is rewritten so that every later binding made by
+//  1. Symbol-table redirection: the st_value of each free and allocation entry point in the driver's
+//     .dynsym (and of cudaFree*/cudaMalloc* in a loaded libcudart) is rewritten so that every later binding made by
 //     the dynamic linker (dlsym, lazy PLT binding, libraries loaded later) yields gmd's wrapper.
 //  2. GOT patching: bindings made before installation (JUMP_SLOT and GLOB_DAT relocations of every
 //     loaded object) are rewritten to the wrappers.
-//  3. cuGetProcAddress: its wrapper hands back wrappers for the free entry points, which is how a
+//  3. cuGetProcAddress: its wrapper hands back wrappers for those entry points, which is how a
 //     static cudart (and a dynamic one) reaches the driver.
 //
 // A wrapper has one "next" function per chain slot. A slot that already held another interposer's
@@ -35,11 +35,24 @@ enum Kind : int {
   kMemFreeAsync,   // cuMemFreeAsync, cuMemFreeAsync_ptsz
   kMemUnmap,       // cuMemUnmap
   kMemRelease,     // cuMemRelease
-  kMemMap,         // cuMemMap (tracked so that cuMemRelease knows its ranges)
+  kMemMap,         // cuMemMap (an allocation event; tracked so that cuMemRelease knows its ranges)
   kCudaFree,       // cudaFree
   kCudaFreeAsync,  // cudaFreeAsync, cudaFreeAsync_ptsz
   kGetProc,        // cuGetProcAddress (CUDA 11.3 signature)
   kGetProcV2,      // cuGetProcAddress_v2 (CUDA 12 signature)
+  // Allocations.
+  kMemAllocV1,               // cuMemAlloc (32-bit CUdeviceptr_v1)
+  kMemAlloc,                 // cuMemAlloc_v2
+  kMemAllocPitchV1,          // cuMemAllocPitch (32-bit)
+  kMemAllocPitch,            // cuMemAllocPitch_v2
+  kMemAllocManaged,          // cuMemAllocManaged
+  kMemAllocAsync,            // cuMemAllocAsync, cuMemAllocAsync_ptsz
+  kMemAllocFromPoolAsync,    // cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz
+  kCudaMalloc,               // cudaMalloc
+  kCudaMallocManaged,        // cudaMallocManaged
+  kCudaMallocPitch,          // cudaMallocPitch
+  kCudaMallocAsync,          // cudaMallocAsync, cudaMallocAsync_ptsz
+  kCudaMallocFromPoolAsync,  // cudaMallocFromPoolAsync, cudaMallocFromPoolAsync_ptsz
   kNumKinds,
 };
 constexpr int kSlots = 4;
@@ -56,6 +69,22 @@ constexpr Name kNames[] = {
     {"cuMemMap", kMemMap, true},              {"cudaFree", kCudaFree, false},
     {"cudaFreeAsync", kCudaFreeAsync, false}, {"cudaFreeAsync_ptsz", kCudaFreeAsync, false},
     {"cuGetProcAddress", kGetProc, true},     {"cuGetProcAddress_v2", kGetProcV2, true},
+    {"cuMemAlloc", kMemAllocV1, true},
+    {"cuMemAlloc_v2", kMemAlloc, true},
+    {"cuMemAllocPitch", kMemAllocPitchV1, true},
+    {"cuMemAllocPitch_v2", kMemAllocPitch, true},
+    {"cuMemAllocManaged", kMemAllocManaged, true},
+    {"cuMemAllocAsync", kMemAllocAsync, true},
+    {"cuMemAllocAsync_ptsz", kMemAllocAsync, true},
+    {"cuMemAllocFromPoolAsync", kMemAllocFromPoolAsync, true},
+    {"cuMemAllocFromPoolAsync_ptsz", kMemAllocFromPoolAsync, true},
+    {"cudaMalloc", kCudaMalloc, false},
+    {"cudaMallocManaged", kCudaMallocManaged, false},
+    {"cudaMallocPitch", kCudaMallocPitch, false},
+    {"cudaMallocAsync", kCudaMallocAsync, false},
+    {"cudaMallocAsync_ptsz", kCudaMallocAsync, false},
+    {"cudaMallocFromPoolAsync", kCudaMallocFromPoolAsync, false},
+    {"cudaMallocFromPoolAsync_ptsz", kCudaMallocFromPoolAsync, false},
 };
 
 const Name* findName(const char* name) noexcept {
@@ -85,6 +114,17 @@ struct DepthGuard {
   }
   DepthGuard(const DepthGuard&) = delete;
   DepthGuard& operator=(const DepthGuard&) = delete;
+};
+
+// The same for allocations: cudaMalloc reaches cuMemAlloc inside the runtime, and only the
+// outermost wrapper reports (with the range the application asked for).
+thread_local int t_alloc_depth = 0;
+struct AllocDepthGuard {
+  bool outer;
+  AllocDepthGuard() noexcept : outer(t_alloc_depth++ == 0) {}
+  ~AllocDepthGuard() { --t_alloc_depth; }
+  AllocDepthGuard(const AllocDepthGuard&) = delete;
+  AllocDepthGuard& operator=(const AllocDepthGuard&) = delete;
 };
 
 template <typename F>
@@ -140,6 +180,19 @@ void releaseHandle(CuMemHandle handle) noexcept {
 // --- wrappers -------------------------------------------------------------------------------------
 void* wrapProcResult(const char* symbol, int version, void* fn) noexcept;
 
+CuDevicePtr toDevPtr(const void* p) noexcept { return reinterpret_cast<CuDevicePtr>(p); }
+
+// The device a VMM handle's memory lives on (CUmemAllocationProp.location.id), or -1.
+int handleDevice(CuMemHandle handle) noexcept {
+  const DriverApi* api = driver();
+  if (api == nullptr || api->memGetAllocationPropertiesFromHandle == nullptr) return -1;
+  alignas(8) unsigned char prop[kAllocationPropSize] = {};
+  if (api->memGetAllocationPropertiesFromHandle(prop, handle) != 0) return -1;
+  int id = -1;
+  std::memcpy(&id, prop + kAllocationPropLocationIdOffset, sizeof(id));
+  return id;
+}
+
 template <int S>
 CuResult wrapMemFreeV1(unsigned int ptr) {
   DepthGuard g;
@@ -182,9 +235,121 @@ CuResult wrapMemRelease(CuMemHandle handle) {
 template <int S>
 CuResult wrapMemMap(CuDevicePtr ptr, std::size_t size, std::size_t offset, CuMemHandle handle,
                     unsigned long long flags) {
+  AllocDepthGuard g;
   CuResult r = next<CuResult (*)(CuDevicePtr, std::size_t, std::size_t, CuMemHandle,
                                  unsigned long long)>(kMemMap, S)(ptr, size, offset, handle, flags);
-  if (r == 0) recordMapping(ptr, size, handle);
+  if (r == 0) {
+    recordMapping(ptr, size, handle);
+    if (g.outer) onAllocation(ptr, size, MemType::kCuda, handleDevice(handle));
+  }
+  return r;
+}
+
+// Allocation wrappers: the real call first; on success, the outermost wrapper reports.
+template <int S>
+CuResult wrapMemAllocV1(unsigned int* ptr, unsigned int size) {
+  AllocDepthGuard g;
+  const CuResult r = next<CuResult (*)(unsigned int*, unsigned int)>(kMemAllocV1, S)(ptr, size);
+  if (r == 0 && g.outer && ptr != nullptr) onAllocation(*ptr, size, MemType::kCuda);
+  return r;
+}
+template <int S>
+CuResult wrapMemAlloc(CuDevicePtr* ptr, std::size_t size) {
+  AllocDepthGuard g;
+  const CuResult r = next<CuResult (*)(CuDevicePtr*, std::size_t)>(kMemAlloc, S)(ptr, size);
+  if (r == 0 && g.outer && ptr != nullptr) onAllocation(*ptr, size, MemType::kCuda);
+  return r;
+}
+template <int S>
+CuResult wrapMemAllocPitchV1(unsigned int* ptr, unsigned int* pitch, unsigned int width,
+                             unsigned int height, unsigned int element) {
+  AllocDepthGuard g;
+  const CuResult r =
+      next<CuResult (*)(unsigned int*, unsigned int*, unsigned int, unsigned int, unsigned int)>(
+          kMemAllocPitchV1, S)(ptr, pitch, width, height, element);
+  if (r == 0 && g.outer && ptr != nullptr && pitch != nullptr) {
+    onAllocation(*ptr, std::size_t{*pitch} * height, MemType::kCuda);
+  }
+  return r;
+}
+template <int S>
+CuResult wrapMemAllocPitch(CuDevicePtr* ptr, std::size_t* pitch, std::size_t width,
+                           std::size_t height, unsigned int element) {
+  AllocDepthGuard g;
+  const CuResult r =
+      next<CuResult (*)(CuDevicePtr*, std::size_t*, std::size_t, std::size_t, unsigned int)>(
+          kMemAllocPitch, S)(ptr, pitch, width, height, element);
+  if (r == 0 && g.outer && ptr != nullptr && pitch != nullptr) {
+    onAllocation(*ptr, *pitch * height, MemType::kCuda);
+  }
+  return r;
+}
+template <int S>
+CuResult wrapMemAllocManaged(CuDevicePtr* ptr, std::size_t size, unsigned int flags) {
+  AllocDepthGuard g;
+  const CuResult r = next<CuResult (*)(CuDevicePtr*, std::size_t, unsigned int)>(
+      kMemAllocManaged, S)(ptr, size, flags);
+  if (r == 0 && g.outer && ptr != nullptr) onAllocation(*ptr, size, MemType::kCudaManaged);
+  return r;
+}
+template <int S>
+CuResult wrapMemAllocAsync(CuDevicePtr* ptr, std::size_t size, CuStream stream) {
+  AllocDepthGuard g;
+  const CuResult r = next<CuResult (*)(CuDevicePtr*, std::size_t, CuStream)>(kMemAllocAsync, S)(
+      ptr, size, stream);
+  if (r == 0 && g.outer && ptr != nullptr) onAllocation(*ptr, size, MemType::kCuda);
+  return r;
+}
+template <int S>
+CuResult wrapMemAllocFromPoolAsync(CuDevicePtr* ptr, std::size_t size, void* pool,
+                                   CuStream stream) {
+  AllocDepthGuard g;
+  const CuResult r = next<CuResult (*)(CuDevicePtr*, std::size_t, void*, CuStream)>(
+      kMemAllocFromPoolAsync, S)(ptr, size, pool, stream);
+  if (r == 0 && g.outer && ptr != nullptr) onAllocation(*ptr, size, MemType::kCuda);
+  return r;
+}
+// The runtime's cudaError_t is an int, 0 on success, like CUresult.
+template <int S>
+int wrapCudaMalloc(void** ptr, std::size_t size) {
+  AllocDepthGuard g;
+  const int r = next<int (*)(void**, std::size_t)>(kCudaMalloc, S)(ptr, size);
+  if (r == 0 && g.outer && ptr != nullptr) onAllocation(toDevPtr(*ptr), size, MemType::kCuda);
+  return r;
+}
+template <int S>
+int wrapCudaMallocManaged(void** ptr, std::size_t size, unsigned int flags) {
+  AllocDepthGuard g;
+  const int r =
+      next<int (*)(void**, std::size_t, unsigned int)>(kCudaMallocManaged, S)(ptr, size, flags);
+  if (r == 0 && g.outer && ptr != nullptr) {
+    onAllocation(toDevPtr(*ptr), size, MemType::kCudaManaged);
+  }
+  return r;
+}
+template <int S>
+int wrapCudaMallocPitch(void** ptr, std::size_t* pitch, std::size_t width, std::size_t height) {
+  AllocDepthGuard g;
+  const int r = next<int (*)(void**, std::size_t*, std::size_t, std::size_t)>(kCudaMallocPitch, S)(
+      ptr, pitch, width, height);
+  if (r == 0 && g.outer && ptr != nullptr && pitch != nullptr) {
+    onAllocation(toDevPtr(*ptr), *pitch * height, MemType::kCuda);
+  }
+  return r;
+}
+template <int S>
+int wrapCudaMallocAsync(void** ptr, std::size_t size, void* stream) {
+  AllocDepthGuard g;
+  const int r = next<int (*)(void**, std::size_t, void*)>(kCudaMallocAsync, S)(ptr, size, stream);
+  if (r == 0 && g.outer && ptr != nullptr) onAllocation(toDevPtr(*ptr), size, MemType::kCuda);
+  return r;
+}
+template <int S>
+int wrapCudaMallocFromPoolAsync(void** ptr, std::size_t size, void* pool, void* stream) {
+  AllocDepthGuard g;
+  const int r = next<int (*)(void**, std::size_t, void*, void*)>(kCudaMallocFromPoolAsync, S)(
+      ptr, size, pool, stream);
+  if (r == 0 && g.outer && ptr != nullptr) onAllocation(toDevPtr(*ptr), size, MemType::kCuda);
   return r;
 }
 template <int S>
@@ -243,6 +408,18 @@ GMD_WRAPPER_GETTER(GCudaFree, wrapCudaFree)
 GMD_WRAPPER_GETTER(GCudaFreeAsync, wrapCudaFreeAsync)
 GMD_WRAPPER_GETTER(GGetProc, wrapGetProc)
 GMD_WRAPPER_GETTER(GGetProcV2, wrapGetProcV2)
+GMD_WRAPPER_GETTER(GMemAllocV1, wrapMemAllocV1)
+GMD_WRAPPER_GETTER(GMemAlloc, wrapMemAlloc)
+GMD_WRAPPER_GETTER(GMemAllocPitchV1, wrapMemAllocPitchV1)
+GMD_WRAPPER_GETTER(GMemAllocPitch, wrapMemAllocPitch)
+GMD_WRAPPER_GETTER(GMemAllocManaged, wrapMemAllocManaged)
+GMD_WRAPPER_GETTER(GMemAllocAsync, wrapMemAllocAsync)
+GMD_WRAPPER_GETTER(GMemAllocFromPoolAsync, wrapMemAllocFromPoolAsync)
+GMD_WRAPPER_GETTER(GCudaMalloc, wrapCudaMalloc)
+GMD_WRAPPER_GETTER(GCudaMallocManaged, wrapCudaMallocManaged)
+GMD_WRAPPER_GETTER(GCudaMallocPitch, wrapCudaMallocPitch)
+GMD_WRAPPER_GETTER(GCudaMallocAsync, wrapCudaMallocAsync)
+GMD_WRAPPER_GETTER(GCudaMallocFromPoolAsync, wrapCudaMallocFromPoolAsync)
 #undef GMD_WRAPPER_GETTER
 
 const std::array<std::array<void*, kSlots>, kNumKinds>& wrappers() noexcept {
@@ -252,7 +429,14 @@ const std::array<std::array<void*, kSlots>, kNumKinds>& wrappers() noexcept {
       slotsOf<GMemUnmap>(Seq{}),     slotsOf<GMemRelease>(Seq{}), slotsOf<GMemMap>(Seq{}),
       slotsOf<GCudaFree>(Seq{}),     slotsOf<GCudaFreeAsync>(Seq{}), slotsOf<GGetProc>(Seq{}),
       slotsOf<GGetProcV2>(Seq{}),
+      slotsOf<GMemAllocV1>(Seq{}),          slotsOf<GMemAlloc>(Seq{}),
+      slotsOf<GMemAllocPitchV1>(Seq{}),     slotsOf<GMemAllocPitch>(Seq{}),
+      slotsOf<GMemAllocManaged>(Seq{}),     slotsOf<GMemAllocAsync>(Seq{}),
+      slotsOf<GMemAllocFromPoolAsync>(Seq{}), slotsOf<GCudaMalloc>(Seq{}),
+      slotsOf<GCudaMallocManaged>(Seq{}),   slotsOf<GCudaMallocPitch>(Seq{}),
+      slotsOf<GCudaMallocAsync>(Seq{}),     slotsOf<GCudaMallocFromPoolAsync>(Seq{}),
   };
+  static_assert(kNumKinds == 22, "one wrapper row per kind, in Kind order");
   return w;
 }
 
@@ -288,6 +472,10 @@ void* wrapProcResult(const char* symbol, int version, void* fn) noexcept {
   Kind k;
   if (std::strcmp(symbol, "cuMemFree") == 0) {
     k = version >= 3020 ? kMemFree : kMemFreeV1;
+  } else if (std::strcmp(symbol, "cuMemAlloc") == 0) {
+    k = version >= 3020 ? kMemAlloc : kMemAllocV1;
+  } else if (std::strcmp(symbol, "cuMemAllocPitch") == 0) {
+    k = version >= 3020 ? kMemAllocPitch : kMemAllocPitchV1;
   } else if (std::strcmp(symbol, "cuGetProcAddress") == 0) {
     k = version >= 12000 ? kGetProcV2 : kGetProc;
   } else if (const Name* n = findName(symbol)) {

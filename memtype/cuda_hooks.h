@@ -1,4 +1,5 @@
-// Internal to memtype/: hooks on the CUDA free entry points (mechanism in memtype/README.md).
+// Internal to memtype/: hooks on the CUDA free and allocation entry points (mechanism in
+// memtype/README.md).
 //
 // Thread safety: installHooks() and refreshHooks() serialise on one internal mutex and may be called
 // from any thread; the hooks themselves run on the freeing thread and take no lock that a subscriber
@@ -17,7 +18,8 @@ struct HookCounters {
   std::uint64_t foreign = 0;  // slots found redirected by another interposer (chained, not replaced)
 };
 
-// Redirects the driver's exported free entry points and every loaded object's bindings to them.
+// Redirects the driver's exported free and allocation entry points and every loaded object's
+// bindings to them.
 // Returns false when nothing could be hooked (the caller then recommends FreeMode::kValidate).
 bool installHooks(const DriverApi& api) noexcept;
 bool hooksInstalled() noexcept;
@@ -41,5 +43,9 @@ void afterFree(Range range) noexcept;
 // and its address reused) before afterFree() could drop the entry.
 void freeBegin() noexcept;
 void freeEnd() noexcept;
+// Called by the outermost allocation wrapper once the driver (or runtime) returned [start, start +
+// length) of type: tells the allocation subscribers. device: the ordinal when the wrapper knows it
+// (a VMM handle's), else -1 and the driver is asked for the pointer's. Hook-safe.
+void onAllocation(CuDevicePtr start, std::size_t length, MemType type, int device = -1) noexcept;
 
 }  // namespace gmd::memtype::detail

@@ -1,4 +1,4 @@
-// The Classifier: range cache of known CUDA allocations, free subscribers, free mode.
+// The Classifier: range cache of known CUDA allocations, free and allocation subscribers, free mode.
 //
 // Lock order: g_cache_lock (shared for lookups, exclusive for insert/remove) is a leaf: no driver
 // call, no subscriber call and no hook is made while holding it. Subscribers are called with no lock
@@ -67,6 +67,15 @@ struct Subscriber {
 Subscriber g_subs[kMaxSubscribers];
 std::mutex g_subs_mutex;  // serialises subscribe/unsubscribe; never taken by a notification
 std::atomic<int> g_notifying{0};
+
+// Allocation subscribers, the same way (g_subs_mutex serialises their changes too).
+struct AllocSubscriber {
+  std::atomic<AllocCallback> cb{nullptr};
+  std::atomic<void*> arg{nullptr};
+};
+AllocSubscriber g_alloc_subs[kMaxSubscribers];
+std::atomic<int> g_alloc_sub_count{0};  // lets allocations skip the device query when nobody listens
+std::atomic<int> g_alloc_notifying{0};
 
 struct Counters {
   alignas(64) std::atomic<std::uint64_t> cache_hits{0};  // the hit path's only shared write
@@ -230,6 +239,31 @@ Range onDeviceFree(CuDevicePtr ptr) noexcept {
   return {};  // not a live allocation: the driver will reject the free; nothing to report
 }
 
+void onAllocation(CuDevicePtr start, std::size_t length, MemType type, int device) noexcept {
+  if (g_alloc_sub_count.load(std::memory_order_acquire) == 0) return;
+  AllocEvent event;
+  event.start = static_cast<std::uintptr_t>(start);
+  event.length = length;
+  event.type = type;
+  event.device = device;
+#if GMD_HAVE_CUDA
+  // The device, as classify() would find it. Nothing is cached here: a cache insert allocates, and
+  // the hooks do not (the next classify() of the range pays the same query once).
+  const DriverApi* api = device < 0 ? driver() : nullptr;
+  if (api != nullptr) {
+    Info info;
+    queryDriver(*api, event.start, &info);
+    event.device = info.device;
+  }
+#endif
+  g_alloc_notifying.fetch_add(1, std::memory_order_acq_rel);
+  for (AllocSubscriber& s : g_alloc_subs) {
+    AllocCallback cb = s.cb.load(std::memory_order_acquire);
+    if (cb != nullptr) cb(s.arg.load(std::memory_order_acquire), event);
+  }
+  g_alloc_notifying.fetch_sub(1, std::memory_order_acq_rel);
+}
+
 void afterFree(Range range) noexcept {
   if (range.length != 0) forget(range.start, range.length);
 }
@@ -366,6 +400,40 @@ void Classifier::unsubscribe(FreeCallback cb, void* arg) noexcept {
   }
   // A notification that loaded the callback before it was cleared may still be running it.
   while (g_notifying.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+}
+
+bool Classifier::subscribeAllocations(AllocCallback cb, void* arg) noexcept {
+  if (cb == nullptr || !cudaAvailable()) return false;
+  // The hooks serve frees and allocations alike; installing them in a non-hooking free mode only
+  // adds notifications nobody trusts the cache on.
+  if (!detail::installHooks(*detail::driver())) return false;
+  std::lock_guard<std::mutex> lock(g_subs_mutex);
+  for (AllocSubscriber& s : g_alloc_subs) {
+    if (s.cb.load(std::memory_order_relaxed) == nullptr) {
+      s.arg.store(arg, std::memory_order_relaxed);
+      s.cb.store(cb, std::memory_order_release);
+      g_alloc_sub_count.fetch_add(1, std::memory_order_acq_rel);
+      return true;
+    }
+  }
+  log(LogLevel::kError, detail::kLogModule, "too many CUDA allocation subscribers (%d)",
+      kMaxSubscribers);
+  return false;
+}
+
+void Classifier::unsubscribeAllocations(AllocCallback cb, void* arg) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(g_subs_mutex);
+    for (AllocSubscriber& s : g_alloc_subs) {
+      if (s.cb.load(std::memory_order_relaxed) == cb &&
+          s.arg.load(std::memory_order_relaxed) == arg) {
+        s.cb.store(nullptr, std::memory_order_release);
+        g_alloc_sub_count.fetch_sub(1, std::memory_order_acq_rel);
+        break;
+      }
+    }
+  }
+  while (g_alloc_notifying.load(std::memory_order_acquire) != 0) std::this_thread::yield();
 }
 
 void Classifier::setFreeMode(FreeMode mode) noexcept {

@@ -148,6 +148,76 @@ class LiveFreeRecorder {
   bool ok_ = false;
 };
 
+// Records allocation events (memtype's allocation hooks), each with the buffer ID the driver
+// reported for its start from inside the callback: non-zero means the allocation was live when
+// reported.
+class AllocEventRecorder {
+ public:
+  struct Event {
+    AllocEvent event;
+    std::uint64_t live_buffer_id;
+  };
+  AllocEventRecorder() {
+    ok_ = Classifier::instance().subscribeAllocations(&AllocEventRecorder::onAlloc, this);
+  }
+  ~AllocEventRecorder() {
+    if (ok_) Classifier::instance().unsubscribeAllocations(&AllocEventRecorder::onAlloc, this);
+  }
+  AllocEventRecorder(const AllocEventRecorder&) = delete;
+  AllocEventRecorder& operator=(const AllocEventRecorder&) = delete;
+
+  bool subscribed() const { return ok_; }
+  std::size_t count(std::uintptr_t start) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::size_t c = 0;
+    for (std::size_t i = 0; i < n_ && i < events_.size(); ++i) c += events_[i].event.start == start;
+    return c;
+  }
+  // The first event for start ({} when none).
+  Event first(std::uintptr_t start) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::size_t i = 0; i < n_ && i < events_.size(); ++i) {
+      if (events_[i].event.start == start) return events_[i];
+    }
+    return {};
+  }
+  std::size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return n_;
+  }
+
+ private:
+  static void onAlloc(void* arg, const AllocEvent& event) {
+    auto* self = static_cast<AllocEventRecorder*>(arg);
+    unsigned long long id = 0;
+    if (detail::driver()->pointerGetAttribute(&id, 7 /* BUFFER_ID */, event.start) != 0) id = 0;
+    std::lock_guard<std::mutex> lock(self->mu_);
+    if (self->n_ < self->events_.size()) self->events_[self->n_] = {event, id};
+    ++self->n_;
+  }
+  std::mutex mu_;
+  std::array<Event, 1024> events_{};
+  std::size_t n_ = 0;
+  bool ok_ = false;
+};
+
+// The one event for an allocation at p: exact start and length, type, device, reported while live,
+// and agreeing with what classify() answers afterwards.
+inline void expectAllocEvent(AllocEventRecorder& rec, std::uintptr_t p, std::size_t length,
+                             MemType type, int device) {
+  ASSERT_NE(p, 0u);
+  EXPECT_EQ(rec.count(p), 1u) << "one event per allocation, not one per layer";
+  const AllocEventRecorder::Event e = rec.first(p);
+  EXPECT_EQ(e.event.start, p);
+  EXPECT_EQ(e.event.length, length);
+  EXPECT_EQ(e.event.type, type);
+  EXPECT_EQ(e.event.device, device);
+  EXPECT_NE(e.live_buffer_id, 0u) << "reported before the driver had the allocation";
+  const Info info = classify(p);
+  EXPECT_EQ(info.type, type);
+  EXPECT_EQ(info.buffer_id, e.live_buffer_id);
+}
+
 // Allocates with `alloc` (returns 0 on failure) until the driver hands back `want` again: at most
 // 8 tries, the misses are freed with `release` before returning. 0 when the address did not come
 // back.

@@ -79,6 +79,50 @@ class RuntimeFixture : public ::testing::Test {
         deviceFree, [] {});
   }
 
+  // Every runtime allocation entry point reports one event (the driver call inside the runtime is
+  // not reported again): exact start, length (pitch * height for cudaMallocPitch), type, device.
+  void checkAllocationEvents() {
+    AllocEventRecorder rec;
+    ASSERT_TRUE(rec.subscribed());
+    void* p = nullptr;
+    ASSERT_EQ(cudaMalloc(&p, 3 * kMiB + 1), cudaSuccess);
+    expectAllocEvent(rec, reinterpret_cast<std::uintptr_t>(p), 3 * kMiB + 1, MemType::kCuda, 0);
+    EXPECT_EQ(cudaFree(p), cudaSuccess);
+
+    std::size_t pitch = 0;
+    ASSERT_EQ(cudaMallocPitch(&p, &pitch, 1000, 33), cudaSuccess);
+    EXPECT_GE(pitch, 1000u);
+    expectAllocEvent(rec, reinterpret_cast<std::uintptr_t>(p), pitch * 33, MemType::kCuda, 0);
+    EXPECT_EQ(cudaFree(p), cudaSuccess);
+
+    if (attribute(cudaDevAttrManagedMemory) != 0) {
+      ASSERT_EQ(cudaMallocManaged(&p, 2 * kMiB, cudaMemAttachGlobal), cudaSuccess);
+      expectAllocEvent(rec, reinterpret_cast<std::uintptr_t>(p), 2 * kMiB, MemType::kCudaManaged,
+                       0);
+      EXPECT_EQ(cudaFree(p), cudaSuccess);
+    }
+    if (attribute(cudaDevAttrMemoryPoolsSupported) != 0) {
+      ASSERT_EQ(cudaMallocAsync(&p, 4 * kMiB, nullptr), cudaSuccess);
+      sync();
+      expectAllocEvent(rec, reinterpret_cast<std::uintptr_t>(p), 4 * kMiB, MemType::kCuda, 0);
+      EXPECT_TRUE(asyncFree(reinterpret_cast<std::uintptr_t>(p)));
+      sync();
+
+      cudaMemPool_t pool = nullptr;
+      cudaMemPoolProps props = {};
+      props.allocType = cudaMemAllocationTypePinned;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = 0;
+      ASSERT_EQ(cudaMemPoolCreate(&pool, &props), cudaSuccess);
+      ASSERT_EQ(cudaMallocFromPoolAsync(&p, kMiB + 3, pool, nullptr), cudaSuccess);
+      sync();
+      expectAllocEvent(rec, reinterpret_cast<std::uintptr_t>(p), kMiB + 3, MemType::kCuda, 0);
+      EXPECT_TRUE(asyncFree(reinterpret_cast<std::uintptr_t>(p)));
+      sync();
+      EXPECT_EQ(cudaMemPoolDestroy(pool), cudaSuccess);
+    }
+  }
+
   LiveFreeRecorder rec_;
 };
 

@@ -56,6 +56,10 @@ TEST_F(Runtime, CudaHostAllocAndMallocAreHost) {
   EXPECT_EQ(cudaFreeHost(mapped), cudaSuccess);
 }
 
+class RuntimeAlloc : public Runtime {};
+
+TEST_F(RuntimeAlloc, EveryAllocationIsOneEvent) { checkAllocationEvents(); }
+
 class RuntimeFree : public Runtime {};
 
 TEST_F(RuntimeFree, CudaFreeThroughThisBinarysGotIsSeenBeforeReuse) { checkCudaFree(); }

@@ -15,5 +15,8 @@ TEST_F(StaticRuntime, CudaFreeOfManagedMemoryIsSeenBeforeTheAddressIsReused) { c
 
 TEST_F(StaticRuntime, CudaFreeAsyncAndSyncIsSeenBeforeTheAddressIsReused) { checkCudaFreeAsync(); }
 
+// The static runtime's allocations reach the driver through cuGetProcAddress'd pointers only.
+TEST_F(StaticRuntime, EveryAllocationIsOneEvent) { checkAllocationEvents(); }
+
 }  // namespace
 }  // namespace gmd::memtype::cudacheck

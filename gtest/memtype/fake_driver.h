@@ -1,5 +1,7 @@
 // Test helpers for memtype/: the fake driver's entry points (looked up the way a program would, so
-// that they come back hooked once gmd is installed) and a recorder of free notifications.
+// that they come back hooked once gmd is installed) and recorders of free and allocation
+// notifications. Thread safety: the recorders' callbacks may run on any thread (each takes its own
+// mutex); everything else is used from the test's thread.
 #pragma once
 
 #include <dlfcn.h>
@@ -12,6 +14,7 @@
 #include <utility>
 
 #include "gtest/common/log_capture.h"
+#include "memtype/cuda_driver.h"
 #include "memtype/memtype.h"
 
 namespace gmd::memtype::test {
@@ -23,6 +26,7 @@ struct FakeDriver {
   int (*memFree)(std::uint64_t) = nullptr;
   int (*memAllocManaged)(std::uint64_t*, std::size_t, unsigned) = nullptr;
   int (*memAllocAsync)(std::uint64_t*, std::size_t, void*) = nullptr;
+  int (*memAllocAsyncPtsz)(std::uint64_t*, std::size_t, void*) = nullptr;
   int (*memFreeAsync)(std::uint64_t, void*) = nullptr;
   int (*addressReserve)(std::uint64_t*, std::size_t, std::size_t, std::uint64_t,
                         unsigned long long) = nullptr;
@@ -46,6 +50,7 @@ struct FakeDriver {
     sym(memFree, "cuMemFree_v2");
     sym(memAllocManaged, "cuMemAllocManaged");
     sym(memAllocAsync, "cuMemAllocAsync");
+    sym(memAllocAsyncPtsz, "cuMemAllocAsync_ptsz");
     sym(memFreeAsync, "cuMemFreeAsync");
     sym(addressReserve, "cuMemAddressReserve");
     sym(addressFree, "cuMemAddressFree");
@@ -103,6 +108,60 @@ class FreeRecorder {
   }
   std::mutex mu_;
   std::array<std::pair<std::uintptr_t, std::size_t>, 4096> events_{};
+  std::size_t n_ = 0;
+  bool ok_ = false;
+};
+
+// Records allocation events in a fixed array (subscribers must not allocate), each with whether the
+// driver already knew the range when the event arrived (asked through gmd's own driver table: a
+// subscriber must not call back into the Classifier).
+class AllocRecorder {
+ public:
+  struct Event {
+    AllocEvent event;
+    bool live;  // the driver answered a buffer ID for event.start from inside the callback
+  };
+  AllocRecorder() { ok_ = Classifier::instance().subscribeAllocations(&AllocRecorder::onAlloc, this); }
+  ~AllocRecorder() { unsubscribe(); }
+  AllocRecorder(const AllocRecorder&) = delete;
+  AllocRecorder& operator=(const AllocRecorder&) = delete;
+
+  bool subscribed() const { return ok_; }
+  void unsubscribe() {
+    if (ok_) Classifier::instance().unsubscribeAllocations(&AllocRecorder::onAlloc, this);
+    ok_ = false;
+  }
+  std::size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return n_;
+  }
+  std::size_t count(std::uintptr_t start) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::size_t c = 0;
+    for (std::size_t i = 0; i < n_ && i < events_.size(); ++i) c += events_[i].event.start == start;
+    return c;
+  }
+  // The first event for start (a default one with start 0 when none).
+  Event first(std::uintptr_t start) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::size_t i = 0; i < n_ && i < events_.size(); ++i) {
+      if (events_[i].event.start == start) return events_[i];
+    }
+    return {};
+  }
+
+ private:
+  static void onAlloc(void* arg, const AllocEvent& event) {
+    auto* self = static_cast<AllocRecorder*>(arg);
+    unsigned long long id = 0;
+    const bool live = detail::driver()->pointerGetAttribute(&id, 7 /* BUFFER_ID */, event.start) == 0 &&
+                      id != 0;
+    std::lock_guard<std::mutex> lock(self->mu_);
+    if (self->n_ < self->events_.size()) self->events_[self->n_] = {event, live};
+    ++self->n_;
+  }
+  std::mutex mu_;
+  std::array<Event, 1024> events_{};
   std::size_t n_ = 0;
   bool ok_ = false;
 };

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <tuple>
 
 #include "gtest/memtype/fake_driver.h"
 #include "memtype/memtype.h"
@@ -73,6 +74,40 @@ TEST(StaticCudartTest, RuntimeInitialisedAfterTheHooksHasItsFreesSeen) {
   EXPECT_EQ(rec.count(p, kMiB), 1u);
   EXPECT_EQ(c.classify(reinterpret_cast<void*>(p), 1).type, MemType::kHost);
   EXPECT_EQ(log.loud(), 0);
+}
+
+// Allocations a static runtime makes through the pointers cuGetProcAddress handed it after the hooks
+// were installed: one event each, with the exact range and type.
+TEST(StaticCudartTest, RuntimeInitialisedAfterTheHooksHasItsAllocationsSeen) {
+  ASSERT_TRUE(isFake()) << "the fake libcuda.so.1 must be first on LD_LIBRARY_PATH";
+  auto& c = Classifier::instance();
+  ASSERT_TRUE(c.cudaAvailable());
+  test::AllocRecorder rec;
+  ASSERT_TRUE(rec.subscribed());
+  StaticRuntime rt;
+  ASSERT_TRUE(rt.init());
+  int (*managed)(std::uint64_t*, std::size_t, unsigned) = nullptr;
+  ASSERT_TRUE(rt.get("cuMemAllocManaged", managed, 0));
+
+  std::uint64_t p = 0, q = 0, m = 0;
+  ASSERT_EQ(rt.memAlloc(&p, 2 * kMiB + 1), 0);
+  ASSERT_EQ(rt.memAllocAsync(&q, kMiB, nullptr), 0);
+  ASSERT_EQ(managed(&m, 3 * kMiB, 1), 0);
+  EXPECT_EQ(rec.size(), 3u);
+  for (auto [ptr, len, type] : {std::make_tuple(p, 2 * kMiB + 1, MemType::kCuda),
+                                std::make_tuple(q, kMiB, MemType::kCuda),
+                                std::make_tuple(m, 3 * kMiB, MemType::kCudaManaged)}) {
+    EXPECT_EQ(rec.count(ptr), 1u);
+    const test::AllocRecorder::Event e = rec.first(ptr);
+    EXPECT_EQ(e.event.length, len);
+    EXPECT_EQ(e.event.type, type);
+    EXPECT_EQ(e.event.device, 0);
+    EXPECT_TRUE(e.live);
+  }
+  ASSERT_EQ(rt.memFree(p), 0);
+  ASSERT_EQ(rt.memFreeAsync(q, nullptr), 0);
+  ASSERT_EQ(rt.memFree(m), 0);
+  EXPECT_EQ(rec.size(), 3u);
 }
 
 // The documented limit: pointers a runtime obtained before gmd was loaded bypass the hooks. The

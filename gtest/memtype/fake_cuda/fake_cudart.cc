@@ -1,19 +1,53 @@
 // A stand-in for a dynamically linked CUDA runtime in gmd's unit tests: it calls the (fake) driver
-// through its PLT, as libraries linked against libcuda do, and exports cudaFree/cudaFreeAsync so
-// that the hooks on the runtime's entry points are exercised.
+// through its PLT, as libraries linked against libcuda do, and exports the runtime's allocation and
+// free entry points, so that the hooks on them (and the one-report-per-call rule when the runtime's
+// wrapper reaches the driver's) are exercised.
+//
+// The fake driver has no cuMemAllocPitch or memory pools: cudaMallocPitch allocates pitch * height
+// with cuMemAlloc_v2 (the pitch rounded up to 512 bytes, as a device's texture alignment would),
+// and cudaMallocFromPoolAsync ignores its pool and calls cuMemAllocAsync.
 #include <cstddef>
 #include <cstdint>
 
 extern "C" {
 int cuMemAlloc_v2(std::uint64_t* ptr, std::size_t size);
+int cuMemAllocManaged(std::uint64_t* ptr, std::size_t size, unsigned flags);
+int cuMemAllocAsync(std::uint64_t* ptr, std::size_t size, void* stream);
 int cuMemFree_v2(std::uint64_t ptr);
 int cuMemFreeAsync(std::uint64_t ptr, void* stream);
 
-int cudaMalloc(void** ptr, std::size_t size) {
-  std::uint64_t p = 0;
-  const int r = cuMemAlloc_v2(&p, size);
+namespace {
+constexpr std::size_t kPitchAlign = 512;
+// The result of an allocation call that stored into p: *ptr set on success only.
+int out(void** ptr, int r, const std::uint64_t& p) {
   if (r == 0) *ptr = reinterpret_cast<void*>(p);
   return r;
+}
+}  // namespace
+
+int cudaMalloc(void** ptr, std::size_t size) {
+  std::uint64_t p = 0;
+  return out(ptr, cuMemAlloc_v2(&p, size), p);
+}
+int cudaMallocManaged(void** ptr, std::size_t size, unsigned flags) {
+  std::uint64_t p = 0;
+  return out(ptr, cuMemAllocManaged(&p, size, flags), p);
+}
+int cudaMallocPitch(void** ptr, std::size_t* pitch, std::size_t width, std::size_t height) {
+  if (pitch == nullptr) return 1;  // cudaErrorInvalidValue
+  const std::size_t p_bytes = (width + kPitchAlign - 1) / kPitchAlign * kPitchAlign;
+  std::uint64_t p = 0;
+  const int r = cuMemAlloc_v2(&p, p_bytes * height);
+  if (r == 0) *pitch = p_bytes;
+  return out(ptr, r, p);
+}
+int cudaMallocAsync(void** ptr, std::size_t size, void* stream) {
+  std::uint64_t p = 0;
+  return out(ptr, cuMemAllocAsync(&p, size, stream), p);
+}
+int cudaMallocFromPoolAsync(void** ptr, std::size_t size, void* /*pool*/, void* stream) {
+  std::uint64_t p = 0;
+  return out(ptr, cuMemAllocAsync(&p, size, stream), p);
 }
 int cudaFree(void* ptr) { return cuMemFree_v2(reinterpret_cast<std::uint64_t>(ptr)); }
 int cudaFreeAsync(void* ptr, void* stream) {
