@@ -433,6 +433,57 @@ TEST_F(CopyUct, RefusesBadInput) {
   EXPECT_EQ(nullptr, md);
 }
 
+// A driver failure is UCS_ERR_IO_ERROR (and an error line); the iface works again afterwards.
+TEST_F(CopyUct, DriverErrorsAreIoErrors) {
+  const std::size_t len = 4097;
+  const std::uint64_t d = deviceAlloc(len);
+  std::vector<std::uint8_t> src = pattern(len, 9);
+  uct_iov_t iov{src.data(), len, nullptr, len, 1};
+  Completion comp;
+  dev_.set("copy_error", 700);  // CUDA_ERROR_ILLEGAL_ADDRESS
+  EXPECT_EQ(UCS_ERR_IO_ERROR, uct_ep_put_short(ep_, src.data(), 64, d, 0));
+  EXPECT_EQ(UCS_ERR_IO_ERROR, uct_ep_get_short(ep_, src.data(), 64, d, 0));
+  EXPECT_EQ(UCS_ERR_IO_ERROR, uct_ep_put_zcopy(ep_, &iov, 1, d, 0, &comp));
+  dev_.set("copy_error", 0);
+  for (int i = 0; i < 1000; ++i) uct_worker_progress(worker_);
+  EXPECT_EQ(0, comp.calls);  // refused at once: never completed
+  EXPECT_EQ(UCS_OK, uct_iface_flush(iface_, 0, nullptr));
+  zcopy(true, src.data(), len, d);
+  EXPECT_EQ(src, dev_.read(d, len));
+}
+
+// Copies that take a while: the completion, the flush and the pending queue wait for the driver.
+TEST_F(CopyUct, SlowCopies) {
+  ucs_status_t st;
+  uct_iface_h small = openIface("1", &st);
+  ASSERT_NE(nullptr, small) << ucs_status_string(st);
+  uct_ep_h ep = connect(small, small, &st);
+  ASSERT_NE(nullptr, ep) << ucs_status_string(st);
+  const std::size_t len = 65539;
+  const std::uint64_t d = deviceAlloc(2 * len);
+  std::vector<std::uint8_t> src = pattern(2 * len, 13);
+  dev_.set("copy_delay_us", 20000);
+  Completion comp(2), flushed;
+  uct_iov_t first{src.data(), len, nullptr, len, 1}, second{src.data() + len, len, nullptr, len, 1};
+  ASSERT_EQ(UCS_INPROGRESS, uct_ep_put_zcopy(ep, &first, 1, d, 0, &comp));
+  ASSERT_EQ(UCS_ERR_NO_RESOURCE, uct_ep_put_zcopy(ep, &second, 1, d + len, 0, &comp));
+  PendingReq req;
+  req.func = runPending;
+  req.action = [&] {
+    return uct_ep_put_zcopy(ep, &second, 1, d + len, 0, &comp) == UCS_INPROGRESS
+               ? UCS_OK
+               : UCS_ERR_NO_RESOURCE;
+  };
+  ASSERT_EQ(UCS_OK, uct_ep_pending_add(ep, &req, 0));
+  ASSERT_EQ(UCS_INPROGRESS, uct_iface_flush(small, 0, &flushed));
+  ASSERT_TRUE(progressUntil([&] { return flushed.calls > 0; }));
+  dev_.set("copy_delay_us", 0);
+  EXPECT_EQ(1, req.calls);
+  EXPECT_EQ(1, comp.calls);  // both copies were done before the flush completed
+  EXPECT_EQ(src, dev_.read(d, 2 * len));
+  uct_ep_destroy(ep);
+}
+
 TEST_F(CopyUct, CloseWithCopiesQueued) {
   ucs_status_t st;
   uct_iface_h iface = openIface(nullptr, &st);

@@ -30,6 +30,7 @@ class FakeDevice {
     sym(htod_, "cuMemcpyHtoD_v2", &missing);
     sym(dtoh_, "cuMemcpyDtoH_v2", &missing);
     sym(get_, "gmd_fake_cuda_get", &missing);
+    sym(set_, "gmd_fake_cuda_set", &missing);
     if (!missing.empty()) return "the fake driver lacks" + missing;
     init_(0);
     return {};
@@ -51,6 +52,7 @@ class FakeDevice {
   }
   // The fake's counters and controls (gmd_fake_cuda_get).
   long counter(const char* key) { return get_(key); }
+  void set(const char* key, long value) { set_(key, value); }
 
  private:
   template <typename F>
@@ -66,6 +68,7 @@ class FakeDevice {
   int (*htod_)(std::uint64_t, const void*, std::size_t) = nullptr;
   int (*dtoh_)(void*, std::uint64_t, std::size_t) = nullptr;
   long (*get_)(const char*) = nullptr;
+  void (*set_)(const char*, long) = nullptr;
 };
 
 // A recognisable byte pattern, different per seed.

@@ -243,7 +243,8 @@ ucs_status_t Iface::copyShort(void* dst, const void* src, std::size_t len,
   }
   if (const int r = copier_->copy(dst, src, len); r != 0) {
     ++failures_;
-    ucs_error("gmd_copy: %s of %zu bytes from %p to %p: CUDA error %d", op, len, src, dst, r);
+    // The Copier logged the driver's failure (error level); this says which operation it failed.
+    ucs_debug("gmd_copy: %s of %zu bytes from %p to %p: CUDA error %d", op, len, src, dst, r);
     return UCS_ERR_IO_ERROR;
   }
   short_bytes_ += len;
@@ -266,7 +267,7 @@ ucs_status_t Iface::copyZcopy(void* dst, const void* src, std::size_t len, uct_c
   if (const int r = copier_->copyAsync(dst, src, len, copyDone, rec); r != 0) {
     delete rec;
     ++failures_;
-    ucs_error("gmd_copy: %s of %zu bytes from %p to %p: CUDA error %d", op, len, src, dst, r);
+    ucs_debug("gmd_copy: %s of %zu bytes from %p to %p: CUDA error %d", op, len, src, dst, r);
     return UCS_ERR_IO_ERROR;
   }
   zcopy_bytes_ += len;
