@@ -85,7 +85,8 @@ ucs_status_t Iface::open(uct_md_h md, uct_worker_h worker, const uct_iface_param
   if (!iface) return UCS_ERR_NO_MEMORY;
   iface->copier_ = memtype::Copier::create();
   if (!iface->copier_) {
-    ucs_error("gmd_copy: no CUDA copy engine (driver, device or its copy entry points missing)");
+    // The Copier said why (no device: debug; entry points missing: warn).
+    ucs_debug("gmd_copy: no CUDA copy engine: iface not opened");
     return UCS_ERR_NO_DEVICE;
   }
   try {
@@ -280,7 +281,8 @@ void Iface::copyDone(void* arg, int cu_result) noexcept {
   ucs_status_t status = UCS_OK;
   if (cu_result != 0) {
     ++self->failures_;
-    ucs_error("gmd_copy: an asynchronous copy failed: CUDA error %d", cu_result);
+    ucs_debug("gmd_copy: an asynchronous copy failed: CUDA error %d",
+              cu_result);  // logged by the Copier
     status = UCS_ERR_IO_ERROR;
   }
   uct_completion_t* comp = rec->comp;
