@@ -79,7 +79,11 @@ class CopyUct : public ::testing::Test {
     *st = uct_md_iface_config_read(md_, "gmd_copy", nullptr, nullptr, &config);
     if (*st != UCS_OK) return nullptr;
     if (max_outstanding != nullptr) {
+      // UCX 1.13 takes the field's name, later releases the name with the table's prefix.
       *st = uct_config_modify(config, "MAX_OUTSTANDING", max_outstanding);
+      if (*st == UCS_ERR_NO_ELEM) {
+        *st = uct_config_modify(config, "GMD_COPY_MAX_OUTSTANDING", max_outstanding);
+      }
       if (*st != UCS_OK) {
         uct_config_release(config);
         return nullptr;
