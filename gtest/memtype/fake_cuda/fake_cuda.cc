@@ -1,21 +1,24 @@
-// A fake CUDA driver for gmd's unit tests, built as libcuda.so.1 in its own folder and found first on
-// LD_LIBRARY_PATH (or through GMD_CUDA_DRIVER_PATH). It implements the driver API subset that
+// A fake CUDA driver for gmd's unit tests, built as libcuda.so.1 in its own folder and found first
+// on LD_LIBRARY_PATH (or through GMD_CUDA_DRIVER_PATH). It implements the driver API subset that
 // memtype/, md/ and their tests use, with "device" memory simulated by host memory. Entry points
 // (real names and signatures; reachable by dlsym and by cuGetProcAddress):
 //
 //   init/devices: cuInit, cuDriverGetVersion, cuDeviceGetCount, cuDeviceGet, cuDeviceGetAttribute,
 //     cuDeviceGetPCIBusId, cuGetProcAddress (11.3 and 12 signatures: cuGetProcAddress(_v2)).
-//   memory: cuMemAlloc(_v2), cuMemFree(_v2), cuMemAllocManaged, cuMemAllocAsync(_ptsz),
-//     cuMemFreeAsync(_ptsz), cuMemGetAddressRange(_v2), cuMemGetHandleForAddressRange (a memfd
-//     stands in for the dma-buf), VMM: cuMemAddressReserve/Free, cuMemCreate, cuMemMap, cuMemUnmap,
-//     cuMemRelease, cuMemSetAccess, cuMemGetAllocationGranularity.
+//   memory: cuMemAlloc(_v2), cuMemAllocPitch(_v2), cuMemFree(_v2), cuMemAllocManaged,
+//     cuMemAllocAsync(_ptsz), cuMemFreeAsync(_ptsz), cuMemGetAddressRange(_v2),
+//     cuMemGetHandleForAddressRange (a memfd stands in for the dma-buf), VMM: cuMemAddressReserve,
+//     cuMemAddressFree, cuMemCreate, cuMemMap, cuMemUnmap, cuMemRelease, cuMemSetAccess,
+//     cuMemGetAllocationGranularity.
 //   pointers: cuPointerGetAttribute(s) (CONTEXT, MEMORY_TYPE, SYNC_MEMOPS, BUFFER_ID, IS_MANAGED,
-//     DEVICE_ORDINAL, RANGE_START_ADDR, RANGE_SIZE, MAPPED), cuPointerSetAttribute (SYNC_MEMOPS).
-//   copies: cuMemcpy(_ptds), cuMemcpyAsync(_ptsz), cuMemcpyHtoD/DtoH/DtoD (v1 32-bit, _v2, _v2_ptds),
-//     cuMemcpyHtoDAsync/DtoHAsync/DtoDAsync (v1, _v2, _v2_ptsz), cuMemsetD8 (v1, _v2, _v2_ptds).
+//     DEVICE_ORDINAL, RANGE_START_ADDR, RANGE_SIZE, MAPPED), cuPointerSetAttribute (SYNC_MEMOPS,
+//     from an unsigned int; read back as a one-byte bool, the type the driver documents).
+//   copies: cuMemcpy(_ptds), cuMemcpyAsync(_ptsz), cuMemcpyHtoD/DtoH/DtoD (v1 32-bit, _v2,
+//     _v2_ptds), cuMemcpyHtoDAsync/DtoHAsync/DtoDAsync (v1, _v2, _v2_ptsz), cuMemsetD8 (v1, _v2,
+//     _v2_ptds).
 //   streams/events: cuStreamCreate, cuStreamDestroy(_v2), cuStreamSynchronize(_ptsz),
-//     cuStreamQuery(_ptsz), cuEventCreate, cuEventRecord(_ptsz), cuEventQuery, cuEventSynchronize,
-//     cuEventDestroy(_v2), cuCtxSynchronize.
+//     cuStreamQuery(_ptsz), cuStreamWaitEvent(_ptsz), cuEventCreate, cuEventRecord(_ptsz),
+//     cuEventQuery, cuEventSynchronize, cuEventDestroy(_v2), cuCtxSynchronize.
 //   contexts: cuDevicePrimaryCtxRetain/Release(_v2), cuCtxSetCurrent/GetCurrent,
 //     cuCtxPushCurrent(_v2), cuCtxPopCurrent(_v2), cuCtxGetDevice.
 // cuGetProcAddress hands out the _v2 (and, with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, the
@@ -26,8 +29,8 @@
 // first, so a re-allocation of the same size lands at the same address with a new buffer ID, as on
 // a real device. The arena is a MAP_SHARED mapping of one memfd (so ibv_reg_mr can pin it). A free
 // punches a hole in the memfd (fallocate PUNCH_HOLE|KEEP_SIZE): a re-allocation there reads zeros,
-// never the old bytes, while a registration that pinned the old pages (an RDMA MR) keeps them, which
-// is how stale registrations show in tests. No munmap or madvise is issued on a free, and the
+// never the old bytes, while a registration that pinned the old pages (an RDMA MR) keeps them,
+// which is how stale registrations show in tests. No munmap or madvise is issued on a free, and the
 // mappings the fake changes are made with raw system calls, so memory hooks (libucm) see nothing
 // the real driver would not show them. VMM: each cuMemCreate handle is a memfd of its own, mapped
 // over the reserved arena range by cuMemMap; cuMemUnmap puts the (hole) arena view back, and the
@@ -52,23 +55,27 @@
 // destination writable): else CUDA_ERROR_INVALID_VALUE. Host memory is accessed with
 // process_vm_readv/writev on the process itself, so a bad host pointer is an error, not a crash.
 // Sync copies and memsets, and async ones on the NULL/legacy stream, run on the calling thread
-// after the blocking streams drained (the legacy stream's implicit synchronisation). Async copies on
-// a created stream are validated when queued and run in order on that stream's own worker thread,
-// each after copy_delay_us; an event marks a stream position and cuEventQuery/cuStreamQuery answer
-// CUDA_ERROR_NOT_READY (600) until the worker reached it. A host fault inside an async copy makes
-// the stream answer CUDA_ERROR_ILLEGAL_ADDRESS (700) from then on. Frees, cuMemUnmap, cuMemRelease
-// and cuCtxSynchronize wait for every stream. cuStreamDestroy waits for the stream's queued work.
+// after the blocking streams drained (the legacy stream's implicit synchronisation). Async copies
+// on a created stream are validated when queued and run in order on that stream's own worker
+// thread, each after copy_delay_us; an event marks a stream position and cuEventQuery/cuStreamQuery
+// answer CUDA_ERROR_NOT_READY (600) until the worker reached it; cuStreamWaitEvent queues a wait
+// for another stream's position (on the NULL stream the caller waits). A host fault inside an async
+// copy makes the stream answer CUDA_ERROR_ILLEGAL_ADDRESS (700) from then on. Frees, cuMemUnmap,
+// cuMemRelease and cuCtxSynchronize wait for every stream. cuStreamDestroy waits for the stream's
+// queued work.
 //
 // PCI bus ids: device d answers GMD_FAKE_CUDA_PCI_BUS_IDS's d-th comma-separated entry when the
-// variable is set (read at each call), else 0000:<0x3b + d>:00.0. cuDeviceGetAttribute's PCI domain,
-// bus and device attributes agree with it.
+// variable is set (read at each call), else 0000:<0x3b + d>:00.0. cuDeviceGetAttribute's PCI
+// domain, bus and device attributes agree with it.
 //
-// Test controls (exported, C linkage): gmd_fake_cuda_driver (marker), gmd_fake_cuda_set(key, value),
-// gmd_fake_cuda_get(key); unknown keys get -1.
+// Test controls (exported, C linkage): gmd_fake_cuda_driver (marker), gmd_fake_cuda_set(key,
+// value), gmd_fake_cuda_get(key); unknown keys get -1.
 //   set: devices, current_device, dmabuf_supported, dmabuf_pcie, dmabuf_fail, copy_delay_us
 //     (also GMD_FAKE_CUDA_COPY_DELAY_US at cuInit), copy_error (non-zero: every copy and memset
-//     call answers this CUresult and moves nothing), reset_thread_context (the calling thread's
-//     context stack goes back to the untouched state).
+//     call answers this CUresult and moves nothing), hold_streams (non-zero: stream workers start
+//     no new operation until it is 0 again; cuStreamDestroy still drains, and whatever waits for
+//     the streams, a free or a legacy-stream copy among them, waits for the release),
+//     reset_thread_context (the calling thread's context stack goes back to the untouched state).
 //   get: live_allocations, pointer_queries, frees, last_dmabuf_fd, last_dmabuf_flags,
 //     dmabuf_exports, arena, handles, cpu_access (0/1), arena_bytes (bytes the arena memfd holds),
 //     copies_{htod,dtoh,dtod,htoh} and bytes_{htod,dtoh,dtod,htoh} (completed copies, sync and
@@ -140,8 +147,8 @@ struct Alloc {
   std::size_t size = 0;
   std::uint64_t id = 0;
   Kind kind = Kind::kDevice;
-  CUhandle handle = 0;      // kMapped: the cuMemCreate handle
-  std::size_t offset = 0;   // kMapped: offset into the handle
+  CUhandle handle = 0;     // kMapped: the cuMemCreate handle
+  std::size_t offset = 0;  // kMapped: offset into the handle
   int device = 0;
   bool sync_memops = false;
 };
@@ -150,15 +157,16 @@ struct Handle {
   int mappings = 0;
   bool released = false;
   int device = 0;
-  int fd = -1;              // the handle's "physical" pages
-  char* alias = nullptr;    // read-write view of them, for the fake's own copies
+  int fd = -1;            // the handle's "physical" pages
+  char* alias = nullptr;  // read-write view of them, for the fake's own copies
 };
 
-std::mutex g_mu;  // guards everything below up to the controls; never held while waiting on a stream
+// Guards everything below up to the controls; never held while waiting for a stream.
+std::mutex g_mu;
 std::atomic<bool> g_initialized{false};
 std::uintptr_t g_arena = 0;
 int g_arena_fd = -1;
-char* g_alias = nullptr;  // read-write view of the arena memfd
+char* g_alias = nullptr;                           // read-write view of the arena memfd
 std::map<std::uintptr_t, std::size_t> g_free;      // free VA: start -> size
 std::map<std::uintptr_t, Alloc> g_allocs;          // live allocations and mappings
 std::map<std::uintptr_t, std::size_t> g_reserved;  // cuMemAddressReserve ranges
@@ -180,7 +188,8 @@ std::atomic<long> g_frees{0};
 std::atomic<bool> g_cpu_access{true};
 std::atomic<long> g_copy_delay_us{0};
 std::atomic<long> g_copy_error{0};
-std::atomic<bool> g_vm_rw{true};  // process_vm_readv/writev usable on ourselves
+std::atomic<bool> g_hold_streams{false};  // workers start nothing new while set
+std::atomic<bool> g_vm_rw{true};          // process_vm_readv/writev usable on ourselves
 
 // Copy counters, by direction: 0 htod, 1 dtoh, 2 dtod, 3 htoh.
 std::atomic<long> g_copies[4];
@@ -216,8 +225,7 @@ bool pciAddress(int device, unsigned* domain, unsigned* bus, unsigned* slot,
     entry = std::strchr(entry, ',');
     if (entry != nullptr) ++entry;
   }
-  return entry != nullptr &&
-         std::sscanf(entry, "%x:%x:%x.%x", domain, bus, slot, function) == 4;
+  return entry != nullptr && std::sscanf(entry, "%x:%x:%x.%x", domain, bus, slot, function) == 4;
 }
 
 // ---- Mappings, made with raw system calls (memory hooks must not see the fake's own remaps).
@@ -258,9 +266,9 @@ bool ensureArena() noexcept {
     if (p != MAP_FAILED) break;
   }
   if (p == MAP_FAILED) p = rawMmap(nullptr, kArenaSize, devicePerm(), MAP_SHARED, fd, 0);
-  void* alias = p == MAP_FAILED ? MAP_FAILED
-                                : rawMmap(nullptr, kArenaSize, PROT_READ | PROT_WRITE, MAP_SHARED,
-                                          fd, 0);
+  void* alias = p == MAP_FAILED
+                    ? MAP_FAILED
+                    : rawMmap(nullptr, kArenaSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (alias == MAP_FAILED) {
     if (p != MAP_FAILED) rawMunmap(p, kArenaSize);
     close(fd);
@@ -339,8 +347,8 @@ std::map<std::uintptr_t, Alloc>::iterator findAlloc(CUdeviceptr ptr) noexcept {
   return ptr < it->first + it->second.size ? it : g_allocs.end();
 }
 
-// ---- Contexts: per-thread stacks of tokens (device + 1). kFollow stands for the primary context of
-// the current device (the current_device control), the state of a thread that never set one.
+// ---- Contexts: per-thread stacks of tokens (device + 1). kFollow stands for the primary context
+// of the current device (the current_device control), the state of a thread that never set one.
 
 constexpr std::uintptr_t kFollow = ~std::uintptr_t{0};
 constexpr int kMaxCtxDepth = 64;
@@ -450,11 +458,14 @@ void execMemset(const Side& dst, unsigned char value, std::size_t len) noexcept 
 
 // ---- Streams and events.
 
+struct Stream;
 struct Op {
   Side dst, src;
   std::size_t len = 0;
   bool memset = false;
   unsigned char value = 0;
+  std::shared_ptr<Stream> wait_on;  // cuStreamWaitEvent: wait until wait_on completed wait_target
+  std::uint64_t wait_target = 0;
 };
 
 // A created stream: its worker runs the queued operations in order. Shared by the registry, the
@@ -474,14 +485,18 @@ struct Stream {
   void run() noexcept {
     std::unique_lock<std::mutex> lock(mu);
     for (;;) {
-      cv.wait(lock, [this] { return stop || !queue.empty(); });
+      cv.wait(lock, [this] {
+        return (!queue.empty() && (stop || !g_hold_streams.load())) || (stop && queue.empty());
+      });
       if (queue.empty()) return;
       const Op op = queue.front();
       lock.unlock();
       const long delay = g_copy_delay_us.load();
       if (delay > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
       CUresult r = kSuccess;
-      if (op.memset) {
+      if (op.wait_on) {
+        op.wait_on->waitFor(op.wait_target);
+      } else if (op.memset) {
         execMemset(op.dst, op.value, op.len);
       } else {
         r = execCopy(op.dst, op.src, op.len);
@@ -509,6 +524,8 @@ struct Stream {
   }
 };
 
+// A position in a stream (the stream's submitted count when recorded); complete once the stream's
+// completed count reaches it. Its fields are guarded by g_stream_mu.
 struct Event {
   unsigned flags = 0;
   std::shared_ptr<Stream> stream;  // null: never recorded, or recorded on the legacy stream
@@ -516,7 +533,10 @@ struct Event {
 };
 
 // Registries, never destroyed: a stream's worker may outlive static destruction at exit.
-std::mutex g_stream_mu;  // guards the two registries and every Event's fields; taken before a Stream's mu
+// Lock order: g_stream_mu, then a Stream's mu. g_mu is never held with either (nor while waiting
+// for a stream); workers take only their own Stream's mu (and wait on another's for a
+// cuStreamWaitEvent, holding none).
+std::mutex g_stream_mu;  // guards the two registries and every Event's fields
 std::map<void*, std::shared_ptr<Stream>>& streams() noexcept {
   static auto* m = new std::map<void*, std::shared_ptr<Stream>>;
   return *m;
@@ -691,6 +711,31 @@ CUresult eventRecord(CUevent event, CUstream stream, bool per_thread) noexcept {
   return kSuccess;
 }
 
+CUresult streamWaitEvent(CUstream stream, CUevent event, unsigned flags) noexcept {
+  if (!g_initialized) return kNotInitialized;
+  if (currentCtx() == 0) return kInvalidContext;
+  if ((flags & ~1u) != 0) return kInvalidValue;  // CU_EVENT_WAIT_DEFAULT, CU_EVENT_WAIT_EXTERNAL
+  std::shared_ptr<Stream> s;
+  if (!isNullStream(stream)) {
+    const CUresult r = findStream(stream, &s);
+    if (r != kSuccess) return r;
+  }
+  Op op;
+  {
+    std::lock_guard<std::mutex> lock(g_stream_mu);
+    auto it = events().find(event);
+    if (it == events().end()) return kInvalidHandle;
+    op.wait_on = it->second->stream;
+    op.wait_target = it->second->target;
+  }
+  if (!op.wait_on || op.wait_on == s) return kSuccess;  // complete, or a position of its own
+  if (!s) {  // the NULL stream: the caller waits (synchronous-ish)
+    op.wait_on->waitFor(op.wait_target);
+    return kSuccess;
+  }
+  return enqueue(s, op);
+}
+
 CUresult eventState(CUevent event, bool wait) noexcept {
   if (!g_initialized) return kNotInitialized;
   std::shared_ptr<Stream> s;
@@ -771,7 +816,7 @@ extern "C" {
 __attribute__((visibility("default"))) int gmd_fake_cuda_driver = 1;
 
 __attribute__((visibility("default"))) void gmd_fake_cuda_set(const char* key,
-                                                               long value) noexcept {
+                                                              long value) noexcept {
   if (key == nullptr) return;
   if (std::strcmp(key, "devices") == 0) g_devices = value;
   if (std::strcmp(key, "current_device") == 0) g_current_device = value;
@@ -781,6 +826,14 @@ __attribute__((visibility("default"))) void gmd_fake_cuda_set(const char* key,
   if (std::strcmp(key, "copy_delay_us") == 0) g_copy_delay_us = value;
   if (std::strcmp(key, "copy_error") == 0) g_copy_error = value;
   if (std::strcmp(key, "reset_thread_context") == 0) t_ctx = CtxStack{};
+  if (std::strcmp(key, "hold_streams") == 0) {
+    g_hold_streams = value != 0;
+    std::lock_guard<std::mutex> lock(g_stream_mu);
+    for (const auto& s : streams()) {
+      { std::lock_guard<std::mutex> slock(s.second->mu); }  // no worker between test and wait
+      s.second->cv.notify_all();
+    }
+  }
 }
 
 __attribute__((visibility("default"))) long gmd_fake_cuda_get(const char* key) noexcept {
@@ -884,7 +937,8 @@ CUresult cuDeviceGetPCIBusId(char* out, int len, int device) noexcept {
   if (device < 0 || device >= devices()) return kInvalidDevice;
   unsigned domain = 0, bus = 0, slot = 0, function = 0;
   if (!pciAddress(device, &domain, &bus, &slot, &function)) return kInvalidValue;
-  std::snprintf(out, static_cast<std::size_t>(len), "%04x:%02x:%02x.%x", domain, bus, slot, function);
+  std::snprintf(out, static_cast<std::size_t>(len), "%04x:%02x:%02x.%x", domain, bus, slot,
+                function);
   return kSuccess;
 }
 
@@ -1042,6 +1096,12 @@ CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) noexcept {
   return eventRecord(event, stream, true);
 }
 CUresult cuEventQuery(CUevent event) noexcept { return eventState(event, false); }
+CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags) noexcept {
+  return streamWaitEvent(stream, event, flags);
+}
+CUresult cuStreamWaitEvent_ptsz(CUstream stream, CUevent event, unsigned flags) noexcept {
+  return streamWaitEvent(stream, event, flags);
+}
 CUresult cuEventSynchronize(CUevent event) noexcept {
   if (g_initialized && currentCtx() == 0) return kInvalidContext;
   return eventState(event, true);
@@ -1106,7 +1166,8 @@ CUresult cuMemcpyDtoD(unsigned dst, unsigned src, unsigned n) noexcept {
   return cuMemcpyDtoD_v2(dst, src, n);
 }
 
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, std::size_t n, CUstream s) noexcept {
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, std::size_t n,
+                              CUstream s) noexcept {
   return copy(dst, reinterpret_cast<CUdeviceptr>(src), n, true, false, true, s, false);
 }
 CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void* src, std::size_t n,
@@ -1125,7 +1186,8 @@ CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dst, CUdeviceptr src, std::size_t n, CU
 CUresult cuMemcpyDtoHAsync(void* dst, unsigned src, unsigned n, CUstream s) noexcept {
   return cuMemcpyDtoHAsync_v2(dst, src, n, s);
 }
-CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, std::size_t n, CUstream s) noexcept {
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, std::size_t n,
+                              CUstream s) noexcept {
   return copy(dst, src, n, true, true, true, s, false);
 }
 CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, std::size_t n,
@@ -1162,6 +1224,34 @@ CUresult cuMemAlloc(unsigned int* ptr, unsigned int size) noexcept {
     return kOutOfMemory;
   }
   *ptr = static_cast<unsigned int>(p);
+  return kSuccess;
+}
+
+// Rows of WidthInBytes rounded up to 512 bytes; ElementSizeBytes 4, 8 or 16, as the driver wants.
+CUresult cuMemAllocPitch_v2(CUdeviceptr* ptr, std::size_t* pitch, std::size_t width,
+                            std::size_t height, unsigned element) noexcept {
+  if (ptr == nullptr || pitch == nullptr || width == 0 || height == 0 ||
+      (element != 4 && element != 8 && element != 16)) {
+    return kInvalidValue;
+  }
+  const std::size_t p = (width + 511) & ~std::size_t{511};
+  const CUresult r = allocate(ptr, p * height, Kind::kDevice);
+  if (r == kSuccess) *pitch = p;
+  return r;
+}
+CUresult cuMemAllocPitch(unsigned* ptr, unsigned* pitch, unsigned width, unsigned height,
+                         unsigned element) noexcept {
+  if (ptr == nullptr || pitch == nullptr) return kInvalidValue;
+  CUdeviceptr p = 0;
+  std::size_t row = 0;
+  const CUresult r = cuMemAllocPitch_v2(&p, &row, width, height, element);
+  if (r != kSuccess) return r;
+  if (p > 0xffffffffu) {
+    release(p);
+    return kOutOfMemory;
+  }
+  *ptr = static_cast<unsigned>(p);
+  *pitch = static_cast<unsigned>(row);
   return kSuccess;
 }
 
@@ -1398,7 +1488,8 @@ CUresult cuPointerSetAttribute(const void* value, int attribute, CUdeviceptr ptr
 
 CUresult cuMemGetHandleForAddressRange(void* handle, CUdeviceptr ptr, std::size_t size, int type,
                                        unsigned long long flags) noexcept {
-  if (handle == nullptr || type != 1 /* CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD */) return kInvalidValue;
+  if (handle == nullptr || type != 1 /* CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD */)
+    return kInvalidValue;
   if (!g_dmabuf_supported.load()) return kNotSupported;
   if ((flags & 1u) && !g_dmabuf_pcie.load()) return kInvalidValue;
   if (g_dmabuf_fail.load()) return kNotSupported;
@@ -1440,8 +1531,8 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** fn, int version, std::ui
                              int* status) noexcept {
   if (symbol == nullptr || fn == nullptr) return kInvalidValue;
   const bool ptsz = (flags & 2u) != 0;  // CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
-  // The implementation a base name has from `since` (the CUDA version of its _v2), and its per-thread
-  // default stream variant (nullptr: the same).
+  // The implementation a base name has from `since` (the CUDA version of its _v2), and its
+  // per-thread default stream variant (nullptr: the same).
   struct Entry {
     const char* name;
     void* fn;
@@ -1458,8 +1549,8 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** fn, int version, std::ui
       {"cuDeviceGetAttribute", f(&cuDeviceGetAttribute)},
       {"cuDeviceGetPCIBusId", f(&cuDeviceGetPCIBusId)},
       {"cuDevicePrimaryCtxRetain", f(&cuDevicePrimaryCtxRetain)},
-      {"cuDevicePrimaryCtxRelease", f(&cuDevicePrimaryCtxRelease),
-       f(&cuDevicePrimaryCtxRelease_v2), 11000},
+      {"cuDevicePrimaryCtxRelease", f(&cuDevicePrimaryCtxRelease), f(&cuDevicePrimaryCtxRelease_v2),
+       11000},
       {"cuCtxSetCurrent", f(&cuCtxSetCurrent)},
       {"cuCtxGetCurrent", f(&cuCtxGetCurrent)},
       {"cuCtxPushCurrent", f(&cuCtxPushCurrent), f(&cuCtxPushCurrent_v2), 4000},
@@ -1473,6 +1564,7 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** fn, int version, std::ui
       {"cuEventCreate", f(&cuEventCreate)},
       {"cuEventRecord", f(&cuEventRecord), nullptr, 0, f(&cuEventRecord_ptsz)},
       {"cuEventQuery", f(&cuEventQuery)},
+      {"cuStreamWaitEvent", f(&cuStreamWaitEvent), nullptr, 0, f(&cuStreamWaitEvent_ptsz)},
       {"cuEventSynchronize", f(&cuEventSynchronize)},
       {"cuEventDestroy", f(&cuEventDestroy), f(&cuEventDestroy_v2), 4000},
       {"cuMemcpy", f(&cuMemcpy), nullptr, 0, f(&cuMemcpy_ptds)},
@@ -1489,6 +1581,7 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** fn, int version, std::ui
       {"cuMemsetD8", f(&cuMemsetD8), f(&cuMemsetD8_v2), 3020, f(&cuMemsetD8_v2_ptds)},
       {"cuMemAlloc", f(&cuMemAlloc), f(&cuMemAlloc_v2), 3020},
       {"cuMemFree", f(&cuMemFree), f(&cuMemFree_v2), 3020},
+      {"cuMemAllocPitch", f(&cuMemAllocPitch), f(&cuMemAllocPitch_v2), 3020},
       {"cuMemAllocManaged", f(&cuMemAllocManaged)},
       {"cuMemAllocAsync", f(&cuMemAllocAsync), nullptr, 0, f(&cuMemAllocAsync_ptsz)},
       {"cuMemFreeAsync", f(&cuMemFreeAsync), nullptr, 0, f(&cuMemFreeAsync_ptsz)},
