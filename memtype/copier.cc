@@ -56,7 +56,8 @@ int deviceOf(const DriverApi& api, const void* p) noexcept {
 }
 
 // Makes `ctx` current for the scope when it is not already (push/pop), so that the caller's
-// context state is the same afterwards.
+// context state is the same afterwards. Thread safety: a scope object lives on one thread's stack
+// (contexts are per-thread state).
 class ScopedContext {
  public:
   ScopedContext(const DriverApi& api, CuContext ctx) noexcept : api_(api) {
@@ -82,6 +83,7 @@ class ScopedContext {
 
 }  // namespace
 
+// Thread safety: none of its own; the Copier's contract (one thread at a time) covers it.
 struct Copier::Impl {
   struct Pending {
     CuEvent event;  // nullptr: finished when queued (host copies, 0 bytes)
@@ -185,6 +187,8 @@ struct Copier::Impl {
       Pending p = fifo.front();
       CuResult r = kCudaSuccess;
       if (p.event != nullptr) {
+        // The device's context only around the driver calls: callbacks see the caller's.
+        ScopedContext scope(api, d->ctx);
         r = wait ? api.eventSynchronize(p.event) : api.eventQuery(p.event);
         if (r == kCudaErrorNotReady) break;
         if (r != kCudaSuccess) {
@@ -329,9 +333,7 @@ unsigned Copier::progress() noexcept {
   if (m.outstanding == 0) return 0;
   unsigned n = m.complete(nullptr, m.host_done, false);
   for (Impl::Device& d : m.devices) {
-    if (d.fifo.empty()) continue;
-    ScopedContext scope(m.api, d.ctx);
-    n += m.complete(&d, d.fifo, false);
+    if (!d.fifo.empty()) n += m.complete(&d, d.fifo, false);
   }
   return n;
 }
@@ -344,9 +346,7 @@ void Copier::drain() noexcept {
   while (m.outstanding != 0) {
     m.complete(nullptr, m.host_done, true);
     for (Impl::Device& d : m.devices) {
-      if (d.fifo.empty()) continue;
-      ScopedContext scope(m.api, d.ctx);
-      m.complete(&d, d.fifo, true);
+      if (!d.fifo.empty()) m.complete(&d, d.fifo, true);
     }
   }
 }
@@ -358,7 +358,29 @@ int setSyncMemops(const void* ptr) noexcept {
     return -1;
   }
   const unsigned one = 1;
-  CuResult r = api->pointerSetAttribute(&one, kAttrSyncMemops, devPtr(ptr));
+  // Like a copy, it needs a context: without one on this thread, the pointer's device's primary
+  // context for the call.
+  CuContext cur = nullptr;
+  CuContext primary = nullptr;
+  int ordinal = -1;
+  int dev = 0;
+  if (api->hasCopyApi() && api->ctxGetCurrent(&cur) == kCudaSuccess && cur == nullptr &&
+      (ordinal = deviceOf(*api, ptr)) >= 0 && api->deviceGet(&dev, ordinal) == kCudaSuccess &&
+      api->devicePrimaryCtxRetain(&primary, dev) != kCudaSuccess) {
+    primary = nullptr;
+  }
+  CuResult r;
+  if (primary != nullptr) {
+    {
+      ScopedContext scope(*api, primary);
+      r = scope.result() != kCudaSuccess
+              ? scope.result()
+              : api->pointerSetAttribute(&one, kAttrSyncMemops, devPtr(ptr));
+    }
+    api->devicePrimaryCtxRelease(dev);
+  } else {
+    r = api->pointerSetAttribute(&one, kAttrSyncMemops, devPtr(ptr));
+  }
   if (r != kCudaSuccess) {
     log(LogLevel::kDebug, kLogModule, "cuPointerSetAttribute(SYNC_MEMOPS, %p) failed (%d)", ptr, r);
   }

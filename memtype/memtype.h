@@ -90,7 +90,7 @@ class Classifier {
   void unsubscribe(FreeCallback cb, void* arg) noexcept;
 
   // Subscribe to CUDA allocations (installs the hooks if they are not yet installed); false when no
-  // room or no driver. Each allocation reaches every subscriber once (a cudaMalloc that calls
+  // room, no driver, or the hooks cannot be installed. Each allocation reaches every subscriber once (a cudaMalloc that calls
   // cuMemAlloc inside the runtime is one event).
   bool subscribeAllocations(AllocCallback cb, void* arg) noexcept;
   // Removes the subscription and waits until no allocation in flight is still calling it.

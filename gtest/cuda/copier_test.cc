@@ -33,6 +33,7 @@ std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
   return v;
 }
 
+// Completion records; thread safety: callbacks run inside progress()/drain() on the test's thread.
 struct Completions {
   std::vector<std::pair<int, int>> done;  // (tag, result), in completion order
   static void cb(void* arg, int result) {
@@ -264,7 +265,11 @@ TEST_F(Copier, FreshThreadWithoutAContext) {
   void* before = reinterpret_cast<void*>(1);
   void* after = reinterpret_cast<void*>(1);
   int r[4] = {-1, -1, -1, -1};
+  const bool fake = fakeDriver();
   std::thread th([&] {
+    // The fake gives a new thread the current device's context (a real driver gives it none):
+    // there, leave the thread without one first.
+    if (fake) api_->ctxSetCurrent(nullptr);
     api_->ctxGetCurrent(&before);
     std::unique_ptr<gmd::memtype::Copier> own = gmd::memtype::Copier::create();
     if (own == nullptr) return;

@@ -9,8 +9,8 @@
 // test driver (gtest/memtype/fake_cuda) with GMD_CUDA_TEST_FAKE=1, to check the tests and the
 // script themselves; without that variable a fake driver makes them skip.
 //
-// Thread safety: the fixture is used from the test's thread; LiveFreeRecorder's callback may run on
-// any thread (it takes its own mutex).
+// Thread safety: the fixture is used from the test's thread; LiveFreeRecorder's and
+// AllocEventRecorder's callbacks may run on any thread (each takes its own mutex).
 #pragma once
 
 #include <dlfcn.h>

@@ -31,7 +31,8 @@ std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
   return v;
 }
 
-// Records completions in order (plain array: called from progress()/drain() on this thread).
+// Records completions in order. Thread safety: callbacks run inside progress()/drain() on the
+// test's thread.
 struct Completions {
   std::vector<std::pair<int, int>> done;  // (tag, result)
   static void cb(void* arg, int result) {
@@ -216,6 +217,62 @@ TEST_F(CopierTest, DrainCompletesEverythingEveryDirection) {
   EXPECT_EQ(host_copy, in);
 }
 
+// A done callback may queue the next copy (a transport's completion starting the next fragment).
+struct Chain {
+  Copier* copier;
+  void* dev;
+  unsigned char* host;
+  std::size_t n;
+  int left;
+  const detail::DriverApi* api;
+  void* caller_ctx;
+  int done = 0;
+  int errors = 0;
+  static void cb(void* arg, int result) {
+    auto* c = static_cast<Chain*>(arg);
+    ++c->done;
+    if (result != 0) ++c->errors;
+    void* ctx = reinterpret_cast<void*>(1);
+    if (c->api->ctxGetCurrent(&ctx) != 0 || ctx != c->caller_ctx) ++c->errors;  // caller's context
+    if (c->left-- > 0 && c->copier->copyAsync(c->host, c->dev, c->n, &Chain::cb, c) != 0) {
+      ++c->errors;
+    }
+  }
+};
+
+TEST_F(CopierTest, DoneCallbackMayQueueTheNextCopy) {
+  const std::size_t n = 64 * 1024 + 1;
+  void* d = device(n);
+  const std::vector<unsigned char> in = pattern(n, 30);
+  std::vector<unsigned char> out(n, 0);
+  ASSERT_EQ(copier_->copy(d, in.data(), n), 0);
+  // The caller has device 1's context current; the copies run in device 0's.
+  drv_.set("devices", 2);
+  std::unique_ptr<Copier> two = Copier::create();
+  ASSERT_NE(two, nullptr);
+  void* ctx1 = nullptr;
+  ASSERT_EQ(api_->devicePrimaryCtxRetain(&ctx1, 1), 0);
+  void* saved = currentContext();
+  ASSERT_EQ(api_->ctxSetCurrent(ctx1), 0);
+  Chain chain{two.get(), d, out.data(), n, 5, api_, ctx1};
+  ASSERT_EQ(two->copyAsync(out.data(), d, n, &Chain::cb, &chain), 0);
+  while (two->outstanding() != 0) two->progress();
+  EXPECT_EQ(chain.done, 6);
+  EXPECT_EQ(chain.errors, 0) << "a copy failed or a callback saw another context";
+  EXPECT_EQ(in, out);
+  // The same through drain().
+  chain.left = 3;
+  chain.done = 0;
+  ASSERT_EQ(two->copyAsync(out.data(), d, n, &Chain::cb, &chain), 0);
+  two->drain();
+  EXPECT_EQ(chain.done, 4);
+  EXPECT_EQ(chain.errors, 0);
+  EXPECT_EQ(two->outstanding(), 0u);
+  two.reset();
+  ASSERT_EQ(api_->ctxSetCurrent(saved), 0);
+  api_->devicePrimaryCtxRelease(1);
+}
+
 TEST_F(CopierTest, ZeroByteAsyncCopyStillCompletesOnce) {
   Completions c;
   std::pair<Completions*, int> t{&c, 7};
@@ -241,32 +298,98 @@ TEST_F(CopierTest, DestroyingWithCopiesInFlightCompletesThem) {
 // --- contexts
 // ---------------------------------------------------------------------------------------
 
-TEST_F(CopierTest, FreshThreadWithoutContextCopiesAndStaysWithoutOne) {
+// Copies, an asynchronous copy completed by progress(), and the Copier's teardown on a thread
+// without a current context; returns the context the thread has afterwards (1 on a setup failure).
+void* copyWithoutContext(const detail::DriverApi& api, void* d,
+                         const std::vector<unsigned char>& in, std::vector<unsigned char>& out,
+                         int* results) {
+  void* ctx = reinterpret_cast<void*>(1);
+  // The fake gives a thread that never touched contexts the current device's (a real driver gives
+  // it none): leave it without one.
+  if (api.ctxSetCurrent(nullptr) != 0 || api.ctxGetCurrent(&ctx) != 0 || ctx != nullptr) {
+    return reinterpret_cast<void*>(1);
+  }
+  std::unique_ptr<Copier> own = Copier::create();
+  if (own == nullptr) return reinterpret_cast<void*>(1);
+  results[0] = own->copy(d, in.data(), in.size());
+  results[1] = own->copyAsync(out.data(), d, out.size(), nullptr, nullptr);
+  while (own->outstanding() != 0) own->progress();
+  results[2] = setSyncMemops(d);
+  own.reset();
+  ctx = reinterpret_cast<void*>(1);
+  api.ctxGetCurrent(&ctx);
+  return ctx;
+}
+
+TEST_F(CopierTest, NoContextOnTheCallingThreadAndStaysWithoutOne) {
   void* d = device(kMiB);
-  void* ctx_before = reinterpret_cast<void*>(1);
-  void* ctx_after = reinterpret_cast<void*>(1);
-  int r1 = -1, r2 = -1, r3 = -1;
   const std::vector<unsigned char> in = pattern(kMiB, 4);
   std::vector<unsigned char> out(kMiB, 0);
+  int r[3] = {-1, -1, -1};
+  void* saved = currentContext();
+  EXPECT_EQ(copyWithoutContext(*api_, d, in, out, r), nullptr) << "a context left current";
+  EXPECT_EQ(r[0], 0);
+  EXPECT_EQ(r[1], 0);
+  EXPECT_EQ(r[2], 0) << "setSyncMemops without a current context";
+  EXPECT_EQ(in, out);
+  ASSERT_EQ(api_->ctxSetCurrent(saved), 0);
+}
+
+TEST_F(CopierTest, FreshThreadWithoutContextCopiesAndStaysWithoutOne) {
+  void* d = device(kMiB);
+  const std::vector<unsigned char> in = pattern(kMiB, 5);
+  std::vector<unsigned char> out(kMiB, 0);
+  int r[3] = {-1, -1, -1};
+  void* after = reinterpret_cast<void*>(1);
+  std::thread th([&] { after = copyWithoutContext(*api_, d, in, out, r); });
+  th.join();
+  EXPECT_EQ(after, nullptr) << "a context left current";
+  EXPECT_EQ(r[0], 0);
+  EXPECT_EQ(r[1], 0);
+  EXPECT_EQ(r[2], 0);
+  EXPECT_EQ(in, out);
+}
+
+// A fresh thread as the fake makes it (the current device's context, untouched): used as is.
+TEST_F(CopierTest, FreshThreadWithItsDefaultContext) {
+  void* d = device(kMiB);
+  const std::vector<unsigned char> in = pattern(kMiB, 6);
+  std::vector<unsigned char> out(kMiB, 0);
+  void* before = nullptr;
+  void* after = reinterpret_cast<void*>(1);
+  int r[2] = {-1, -1};
   std::thread th([&] {
-    api_->ctxGetCurrent(&ctx_before);
-    // A Copier of the thread's own, created and used where no context was ever current.
+    api_->ctxGetCurrent(&before);
     std::unique_ptr<Copier> own = Copier::create();
     if (own == nullptr) return;
-    r1 = own->copy(d, in.data(), kMiB);
-    r2 = own->copyAsync(out.data(), d, kMiB, nullptr, nullptr);
-    own->drain();
-    r3 = own->outstanding() == 0 ? 0 : 1;
+    r[0] = own->copy(d, in.data(), in.size());
+    r[1] = own->copy(out.data(), d, out.size());
     own.reset();
-    api_->ctxGetCurrent(&ctx_after);
+    api_->ctxGetCurrent(&after);
   });
   th.join();
-  EXPECT_EQ(ctx_before, nullptr) << "a fresh thread has no current context";
-  EXPECT_EQ(r1, 0);
-  EXPECT_EQ(r2, 0);
-  EXPECT_EQ(r3, 0);
-  EXPECT_EQ(ctx_after, nullptr) << "the Copier left a context current";
+  EXPECT_EQ(r[0], 0);
+  EXPECT_EQ(r[1], 0);
+  EXPECT_EQ(after, before);
   EXPECT_EQ(in, out);
+}
+
+// A device failure (not a caller mistake) is returned and logged at error level.
+TEST_F(CopierTest, DeviceFailureIsReturnedAndLogged) {
+  void* d = device(4096);
+  std::vector<unsigned char> h(4096, 1);
+  if (drv_.get("copy_delay_us") < 0) GTEST_SKIP() << "the fake has no copy_error control";
+  drv_.set("copy_error", 999);  // CUDA_ERROR_UNKNOWN
+  Completions c;
+  std::pair<Completions*, int> t{&c, 1};
+  EXPECT_EQ(copier_->copy(d, h.data(), h.size()), 999);
+  EXPECT_EQ(copier_->copyAsync(d, h.data(), h.size(), &Completions::cb, &t), 999);
+  drv_.set("copy_error", 0);
+  copier_->drain();
+  EXPECT_TRUE(c.done.empty());
+  EXPECT_EQ(test::LogCapture::loud(), 2) << "one error line per failed call";
+  test::LogCapture::reset();
+  EXPECT_EQ(copier_->copy(d, h.data(), h.size()), 0) << "usable afterwards";
 }
 
 TEST_F(CopierTest, CallersContextIsUnchanged) {

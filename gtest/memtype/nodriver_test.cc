@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/memtype/fake_driver.h"
+#include "memtype/copier.h"
 #include "memtype/memtype.h"
 
 namespace gmd::memtype {
@@ -48,6 +49,20 @@ TEST(NoCudaTest, SubscriptionsAndModesStillWork) {
   c.unsubscribe(&noop, nullptr);
   c.refreshHooks();
   c.flushCache();
+  EXPECT_EQ(log.loud(), 0);
+}
+
+void noAlloc(void*, const AllocEvent&) {}
+
+// No Copier, no SYNC_MEMOPS and no allocation events, quietly.
+TEST(NoCudaTest, NoCopierNoSyncMemopsNoAllocationEvents) {
+  test::LogCapture log;
+  EXPECT_EQ(Copier::create(), nullptr);
+  std::vector<char> buf(64);
+  EXPECT_EQ(setSyncMemops(buf.data()), -1);
+  EXPECT_FALSE(Classifier::instance().subscribeAllocations(&noAlloc, nullptr));
+  Classifier::instance().unsubscribeAllocations(&noAlloc, nullptr);  // harmless
+  EXPECT_FALSE(Classifier::instance().hooksInstalled());
   EXPECT_EQ(log.loud(), 0);
 }
 
