@@ -12,6 +12,7 @@
 #include <ucp/api/ucp.h>
 
 #include <cstdlib>
+#include <ostream>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -34,6 +35,10 @@ struct Params {
   bool v2;          // UCX_PROTO_ENABLE=y
   const char* tls;  // UCX_TLS, nullptr: UCP's default
 };
+
+void PrintTo(const Params& p, std::ostream* os) {
+  *os << (p.v2 ? "v2" : "v1") << " protocols, UCX_TLS=" << (p.tls ? p.tls : "(default)");
+}
 
 std::string paramName(const ::testing::TestParamInfo<Params>& info) {
   return std::string(info.param.v2 ? "v2" : "v1") + (info.param.tls ? "_tcp" : "_default_tls");
