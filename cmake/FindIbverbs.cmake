@@ -12,8 +12,14 @@ if(Ibverbs_FOUND AND NOT TARGET Ibverbs::ibverbs)
     IMPORTED_LOCATION "${Ibverbs_LIBRARY}"
     INTERFACE_INCLUDE_DIRECTORIES "${Ibverbs_INCLUDE_DIR}")
   include(CheckSymbolExists)
+  # The check links a program taking the function's address: it needs the library too. (The
+  # result's name changed when the link was added, so that build trees holding the old, failed
+  # answer ask again.)
   set(CMAKE_REQUIRED_INCLUDES "${Ibverbs_INCLUDE_DIR}")
-  check_symbol_exists(ibv_reg_dmabuf_mr infiniband/verbs.h Ibverbs_HAVE_DMABUF)
+  set(CMAKE_REQUIRED_LIBRARIES "${Ibverbs_LIBRARY}")
+  check_symbol_exists(ibv_reg_dmabuf_mr infiniband/verbs.h Ibverbs_HAVE_REG_DMABUF_MR)
+  unset(CMAKE_REQUIRED_LIBRARIES)
   unset(CMAKE_REQUIRED_INCLUDES)
+  set(Ibverbs_HAVE_DMABUF "${Ibverbs_HAVE_REG_DMABUF_MR}")
 endif()
 mark_as_advanced(Ibverbs_INCLUDE_DIR Ibverbs_LIBRARY)

@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/range.h"
 #include "md/mapping.h"
+#include "memtype/copier.h"
 #include "memtype/cuda_driver.h"
 #include "memtype/memtype.h"
 
@@ -86,6 +87,10 @@ int SystemGpuDirectOps::exportDmabuf(std::uintptr_t start, std::size_t length, b
 
 void SystemGpuDirectOps::closeFd(int fd) noexcept { close(fd); }
 
+int SystemGpuDirectOps::setSyncMemops(std::uintptr_t ptr) noexcept {
+  return memtype::setSyncMemops(reinterpret_cast<const void*>(ptr));
+}
+
 // --- GpuDirectBackend
 // -----------------------------------------------------------------------------
 
@@ -122,19 +127,47 @@ bool GpuDirectBackend::peerMemLoaded() noexcept {
   return v != 0;
 }
 
+bool GpuDirectBackend::nicImportsDmabuf() noexcept {
+  int v = nic_dmabuf_.load(std::memory_order_acquire);
+  if (v >= 0) return v != 0;
+  if (!ops_->verbsHasDmabuf()) {
+    v = 0;
+  } else {
+    // The registration cannot succeed with fd -1: how far it gets tells whether the provider and
+    // the kernel driver import dma-bufs at all (UCX's IB MD asks the same way).
+    errno = 0;
+    ibv_mr* mr = ops_->regDmabufMr(pd_, 0, pageSize(), 0, -1, toVerbsAccess(rcache::kAccessAll));
+    const int err = errno;
+    if (mr != nullptr) {
+      ops_->deregMr(mr);
+      v = 1;
+    } else {
+      v = err == EBADF ? 1 : 0;
+    }
+    log(LogLevel::kDebug, kModule, "ibv_reg_dmabuf_mr(fd=-1): %s: the NIC %s dma-buf",
+        mr != nullptr ? "registered" : std::strerror(err), v != 0 ? "imports" : "does not import");
+  }
+  int expected = -1;
+  if (!nic_dmabuf_.compare_exchange_strong(expected, v, std::memory_order_acq_rel)) v = expected;
+  return v != 0;
+}
+
 GpuDirectMethod GpuDirectBackend::probe(int device) noexcept {
   if (device < 0 || device >= kMaxDevices || !memtype::Classifier::instance().cudaAvailable()) {
     return GpuDirectMethod::kUnsupported;
   }
-  const bool dmabuf = config_.dmabuf != DmabufPolicy::kOff && ops_->verbsHasDmabuf() &&
-                      ops_->deviceHasDmabuf(device);
+  // The GPU's attribute first: a NIC is probed only when some GPU could use what it answers.
+  const bool gpu_dmabuf = config_.dmabuf != DmabufPolicy::kOff && ops_->verbsHasDmabuf() &&
+                          ops_->deviceHasDmabuf(device);
+  const bool dmabuf = gpu_dmabuf && nicImportsDmabuf();
   const bool peermem = config_.dmabuf != DmabufPolicy::kOn && peerMemLoaded();
   const GpuDirectMethod m = dmabuf    ? GpuDirectMethod::kDmabuf
                             : peermem ? GpuDirectMethod::kPeerMem
                                       : GpuDirectMethod::kUnsupported;
-  log(LogLevel::kDebug, kModule, "GPUDirect on CUDA device %d: %s (dma-buf policy %s%s%s)", device,
-      gpuDirectMethodName(m), kDmabufPolicyNames[static_cast<unsigned>(config_.dmabuf)],
+  log(LogLevel::kDebug, kModule, "GPUDirect on CUDA device %d: %s (dma-buf policy %s%s%s%s)",
+      device, gpuDirectMethodName(m), kDmabufPolicyNames[static_cast<unsigned>(config_.dmabuf)],
       ops_->verbsHasDmabuf() ? "" : ", libibverbs without dma-buf",
+      gpu_dmabuf && !dmabuf ? ", the NIC imports no dma-buf" : "",
       peermem ? ", peer memory loaded" : "");
   return m;
 }
@@ -159,6 +192,30 @@ bool GpuDirectBackend::cudaSupported() noexcept {
     if (method(d) == GpuDirectMethod::kUnsupported) return false;
   }
   return true;
+}
+
+// UCX warns and registers anyway (1.13 cuda_md.c mem_query, 1.18 cuda_copy_md.c): the attribute
+// orders the application's own copies before the NIC's access, and its absence is a hazard only
+// for applications that race their cuMemcpy with the transfer. Refusing would turn that into a hard
+// failure of every registration where the driver cannot set it (CUDA VMM allocations before
+// cuCtxSetFlags, old drivers), so gmd does the same: log, count, go on.
+void GpuDirectBackend::syncMemops(std::uintptr_t start) noexcept {
+  const int r = ops_->setSyncMemops(start);
+  if (r == 0) return;
+  sync_memops_failures_.fetch_add(1, std::memory_order_relaxed);
+  if (r < 0) {
+    log(LogLevel::kDebug, kModule,
+        "the CUDA driver cannot set SYNC_MEMOPS (no cuPointerSetAttribute) on %#lx",
+        static_cast<unsigned long>(start));
+  } else if (!sync_memops_warned_.exchange(true, std::memory_order_relaxed)) {
+    log(LogLevel::kWarn, kModule,
+        "cuPointerSetAttribute(%#lx, SYNC_MEMOPS) failed (%d): registering without it (warned "
+        "once)",
+        static_cast<unsigned long>(start), r);
+  } else {
+    log(LogLevel::kDebug, kModule, "cuPointerSetAttribute(%#lx, SYNC_MEMOPS) failed (%d)",
+        static_cast<unsigned long>(start), r);
+  }
 }
 
 // ibv_reg_mr on the device pointer (peer memory). Failures carry their errno; the registrar logs.
@@ -220,6 +277,7 @@ Result GpuDirectBackend::regDevice(std::uintptr_t start, std::size_t length, int
                                    rcache::Registration* out) noexcept {
   ibv_mr* mr = nullptr;
   GpuDirectMethod m = method(device);
+  if (m != GpuDirectMethod::kUnsupported) syncMemops(start);
   if (m == GpuDirectMethod::kDmabuf) {
     const Result s = regDmabuf(start, length, access, device, &mr);
     if (s == Status::kOk) {
@@ -296,6 +354,7 @@ GpuDirectStats GpuDirectBackend::stats() const noexcept {
   s.peermem_regs = peermem_regs_.load(std::memory_order_relaxed);
   s.unsupported = unsupported_.load(std::memory_order_relaxed);
   s.dmabuf_demotions = demotions_.load(std::memory_order_relaxed);
+  s.sync_memops_failures = sync_memops_failures_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -85,12 +85,7 @@ ucs_status_t mdQuery(uct_md_h uct_md, uct_md_attr_t* attr) {
       UCT_MD_FLAG_REG | UCT_MD_FLAG_NEED_MEMH | UCT_MD_FLAG_NEED_RKEY | UCT_MD_FLAG_INVALIDATE;
   attr->cap.max_alloc = 0;
   attr->cap.max_reg = md->deviceAttr().max_mr_size != 0 ? md->deviceAttr().max_mr_size : SIZE_MAX;
-  attr->cap.reg_mem_types = UCS_BIT(UCS_MEMORY_TYPE_HOST);
-  if (md->registrar().cudaRegistration()) attr->cap.reg_mem_types |= UCS_BIT(UCS_MEMORY_TYPE_CUDA);
-  if (md->registrar().managedPolicy() == ManagedPolicy::kHostPages &&
-      memtype::Classifier::instance().cudaAvailable()) {
-    attr->cap.reg_mem_types |= UCS_BIT(UCS_MEMORY_TYPE_CUDA_MANAGED);
-  }
+  attr->cap.reg_mem_types = regMemTypes(md->registrar());
   attr->cap.detect_mem_types = 0;
   if (memtype::Classifier::instance().cudaAvailable()) {
     attr->cap.detect_mem_types =
@@ -140,6 +135,10 @@ ucs_status_t mdMkeyPack(uct_md_h, uct_mem_h memh, void* buffer) {
   return UCS_OK;
 }
 
+std::uint8_t mdMemFlags(uct_md_h md, ucs_memory_type_t mem_type) {
+  return memFlags(regMemTypes(Md::from(md)->registrar()), mem_type);
+}
+
 ucs_status_t mdDetectMemoryType(uct_md_h, const void* address, size_t length,
                                 ucs_memory_type_t* mem_type_p) {
   *mem_type_p = toUcsMemType(classify(address, length).type);
@@ -167,6 +166,21 @@ std::unique_ptr<GpuDirectBackend> makeGpuDirect(const char* name, ibv_pd* pd,
 
 void useUcxLogger() noexcept { setLogHandler(logToUcx); }
 
+std::uint64_t regMemTypes(const Registrar& registrar) noexcept {
+  std::uint64_t types = UCS_BIT(UCS_MEMORY_TYPE_HOST);
+  if (registrar.cudaRegistration()) types |= UCS_BIT(UCS_MEMORY_TYPE_CUDA);
+  if (registrar.managedPolicy() == ManagedPolicy::kHostPages &&
+      memtype::Classifier::instance().cudaAvailable()) {
+    types |= UCS_BIT(UCS_MEMORY_TYPE_CUDA_MANAGED);
+  }
+  return types;
+}
+
+std::uint8_t memFlags(std::uint64_t reg_mem_types, ucs_memory_type_t type) noexcept {
+  const bool known = static_cast<unsigned>(type) < static_cast<unsigned>(UCS_MEMORY_TYPE_LAST);
+  return known && (reg_mem_types & UCS_BIT(type)) != 0 ? kMemFlagRegistrable : 0;
+}
+
 // The generation's ops table (md/abi/edge_md.cc) adapts UCX's slots to these.
 const MdImpl& mdImpl() noexcept {
   static const MdImpl impl = {
@@ -177,6 +191,7 @@ const MdImpl& mdImpl() noexcept {
       .mem_query = mdMemQuery,
       .mkey_pack = mdMkeyPack,
       .detect_memory_type = mdDetectMemoryType,
+      .mem_flags = mdMemFlags,
   };
   return impl;
 }

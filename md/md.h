@@ -7,6 +7,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -69,5 +70,18 @@ ucx::Component* component() noexcept;
 
 // Routes gmd's logger (common/log.h) to UCX's, level for level (every MD open calls it).
 void useUcxLogger() noexcept;
+
+// The memory types an MD with this registrar registers (reg_mem_types): host; CUDA when it has a
+// GPUDirect backend (md/gpudirect.h: a method on every GPU for this NIC); CUDA managed under
+// UCX_GMD_CUDA_MANAGED=host-pages with a driver.
+std::uint64_t regMemTypes(const Registrar& registrar) noexcept;
+
+// UCS_MEM_FLAG_REGISTRABLE (ucs/memory/memory_type.h from UCX 1.22; md/abi/edge_md.cc checks it).
+inline constexpr std::uint8_t kMemFlagRegistrable = 1u << 0;
+
+// mem_query's mem_flags (UCX 1.22 on) for memory of `type`: kMemFlagRegistrable when this MD
+// registers that type (it is in reg_mem_types), as UCX's IB MD requires of the memory it registers
+// (required_mem_flags); 0 otherwise, unknown types included.
+std::uint8_t memFlags(std::uint64_t reg_mem_types, ucs_memory_type_t type) noexcept;
 
 }  // namespace gmd::md

@@ -32,7 +32,6 @@ using detail::kLogModule;
 namespace {
 
 constexpr int kAttrDeviceOrdinal = 9;          // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-constexpr int kAttrSyncMemops = 6;             // CU_POINTER_ATTRIBUTE_SYNC_MEMOPS
 constexpr unsigned kStreamNonBlocking = 0x1;   // CU_STREAM_NON_BLOCKING
 constexpr unsigned kEventDisableTiming = 0x2;  // CU_EVENT_DISABLE_TIMING
 constexpr std::size_t kMaxIdleEvents = 64;     // per device; more are destroyed when they come back
@@ -349,42 +348,6 @@ void Copier::drain() noexcept {
       if (!d.fifo.empty()) m.complete(&d, d.fifo, true);
     }
   }
-}
-
-int setSyncMemops(const void* ptr) noexcept {
-  const DriverApi* api = Classifier::instance().cudaAvailable() ? detail::driver() : nullptr;
-  if (api == nullptr || api->pointerSetAttribute == nullptr) {
-    log(LogLevel::kDebug, kLogModule, "SYNC_MEMOPS: no driver or no cuPointerSetAttribute");
-    return -1;
-  }
-  const unsigned one = 1;
-  // Like a copy, it needs a context: without one on this thread, the pointer's device's primary
-  // context for the call.
-  CuContext cur = nullptr;
-  CuContext primary = nullptr;
-  int ordinal = -1;
-  int dev = 0;
-  if (api->hasCopyApi() && api->ctxGetCurrent(&cur) == kCudaSuccess && cur == nullptr &&
-      (ordinal = deviceOf(*api, ptr)) >= 0 && api->deviceGet(&dev, ordinal) == kCudaSuccess &&
-      api->devicePrimaryCtxRetain(&primary, dev) != kCudaSuccess) {
-    primary = nullptr;
-  }
-  CuResult r;
-  if (primary != nullptr) {
-    {
-      ScopedContext scope(*api, primary);
-      r = scope.result() != kCudaSuccess
-              ? scope.result()
-              : api->pointerSetAttribute(&one, kAttrSyncMemops, devPtr(ptr));
-    }
-    api->devicePrimaryCtxRelease(dev);
-  } else {
-    r = api->pointerSetAttribute(&one, kAttrSyncMemops, devPtr(ptr));
-  }
-  if (r != kCudaSuccess) {
-    log(LogLevel::kDebug, kLogModule, "cuPointerSetAttribute(SYNC_MEMOPS, %p) failed (%d)", ptr, r);
-  }
-  return r;
 }
 
 }  // namespace gmd::memtype

@@ -59,7 +59,9 @@ class Copier {
 // Asks the driver for synchronous memory operations on the device allocation holding ptr
 // (CU_POINTER_ATTRIBUTE_SYNC_MEMOPS), as UCX does for every device buffer it registers or copies:
 // without it a GPUDirect read can overtake a cuMemcpy the application issued just before. Returns 0,
-// or the driver's error (-1 without a driver or without cuPointerSetAttribute). Idempotent.
+// or the driver's error (-1 without a driver or without cuPointerSetAttribute). Idempotent. On a
+// thread without a current context, the pointer's device's primary context is pushed for the call
+// (memtype/sync_memops.cc).
 int setSyncMemops(const void* ptr) noexcept;
 
 }  // namespace gmd::memtype

@@ -119,7 +119,6 @@ DriverApi* load() noexcept {
   api.deviceGet = reinterpret_cast<decltype(api.deviceGet)>(res.get("cuDeviceGet", "cuDeviceGet"));
   // Optional entry points (the Copier, SYNC_MEMOPS). Exported names are the ABI versions
   // cuGetProcAddress hands out for kAbiVersion.
-  resolve(res, api.pointerSetAttribute, "cuPointerSetAttribute", "cuPointerSetAttribute");
   resolve(res, api.memGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle",
           "cuMemGetAllocationPropertiesFromHandle");
   resolve(res, api.memCopy, "cuMemcpy", "cuMemcpy");
@@ -142,6 +141,8 @@ DriverApi* load() noexcept {
           "cuDevicePrimaryCtxRelease_v2");
   api.deviceGetPCIBusId = reinterpret_cast<decltype(api.deviceGetPCIBusId)>(
       res.get("cuDeviceGetPCIBusId", "cuDeviceGetPCIBusId"));
+  api.pointerSetAttribute = reinterpret_cast<decltype(api.pointerSetAttribute)>(
+      res.get("cuPointerSetAttribute", "cuPointerSetAttribute"));
   if (api.pointerGetAttribute == nullptr || api.pointerGetAttributes == nullptr ||
       api.memGetAddressRange == nullptr || api.deviceGetAttribute == nullptr) {
     log(LogLevel::kWarn, kLogModule,

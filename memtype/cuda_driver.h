@@ -43,6 +43,7 @@ struct DriverApi {
   CuResult (*deviceGetPCIBusId)(char* bus_id, int len, int device) = nullptr;
   // The driver's own free entry points, for tests that need to free behind the hooks' back.
   CuResult (*memFree)(CuDevicePtr ptr) = nullptr;
+  // Optional; nullptr when absent (then setSyncMemops() answers -1, memtype/copier.h).
   CuResult (*pointerSetAttribute)(const void* value, int attribute, CuDevicePtr ptr) = nullptr;
   // Optional: the CUmemAllocationProp of a VMM handle (into a buffer of kAllocationPropSize bytes),
   // for the device a cuMemMap maps.

@@ -2,9 +2,13 @@
 // point the fake has, reached through dlsym, cuGetProcAddress and a dynamic runtime's PLT (the fake
 // runtime, gtest/memtype/fake_cuda/fake_cudart.cc), reports exactly one event with the exact start,
 // length, type and device, while the allocation is live, before the call returns.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdint>
+#include <thread>
+#include <vector>
 
 #include "gtest/memtype/fake_driver.h"
 #include "memtype/memtype.h"
@@ -77,6 +81,40 @@ TEST_F(AllocTest, CuMemAllocV1ThirtyTwoBit) {
   ASSERT_EQ(drv_.memAllocV1(&p32, 5 * kMiB), 0) << "the fake's arena must lie below 4 GiB";
   expectOneEvent(p32, 5 * kMiB, MemType::kCuda);
   ASSERT_EQ(drv_.memFree(p32), 0);
+}
+
+TEST_F(AllocTest, CuMemAllocPitchIsPitchTimesHeightBothAbis) {
+  auto pitch_v2 =
+      reinterpret_cast<int (*)(std::uint64_t*, std::size_t*, std::size_t, std::size_t, unsigned)>(
+          dlsym(drv_.handle, "cuMemAllocPitch_v2"));
+  auto pitch_v1 = reinterpret_cast<int (*)(unsigned*, unsigned*, unsigned, unsigned, unsigned)>(
+      dlsym(drv_.handle, "cuMemAllocPitch"));
+  if (pitch_v2 == nullptr || pitch_v1 == nullptr) GTEST_SKIP() << "no cuMemAllocPitch in the fake";
+  std::uint64_t p = 0;
+  std::size_t pitch = 0;
+  ASSERT_EQ(pitch_v2(&p, &pitch, 1000, 37, 4), 0);
+  ASSERT_EQ(pitch, 1024u) << "the fake's pitch";
+  expectOneEvent(p, 1024u * 37, MemType::kCuda);
+  unsigned p32 = 0, pitch32 = 0;
+  ASSERT_EQ(pitch_v1(&p32, &pitch32, 513, 3, 8), 0);
+  ASSERT_EQ(pitch32, 1024u);
+  expectOneEvent(p32, 1024u * 3, MemType::kCuda);
+  // Through cuGetProcAddress, by base name, for each ABI.
+  auto gpa_v2 = proc<int (*)(std::uint64_t*, std::size_t*, std::size_t, std::size_t, unsigned)>(
+      "cuMemAllocPitch", 12000);
+  auto gpa_v1 =
+      proc<int (*)(unsigned*, unsigned*, unsigned, unsigned, unsigned)>("cuMemAllocPitch", 3010);
+  ASSERT_TRUE(gpa_v2 && gpa_v1);
+  std::uint64_t q = 0;
+  unsigned q32 = 0;
+  ASSERT_EQ(gpa_v2(&q, &pitch, 100, 10, 16), 0);
+  ASSERT_EQ(gpa_v1(&q32, &pitch32, 100, 20, 16), 0);
+  expectOneEvent(q, 512u * 10, MemType::kCuda);
+  expectOneEvent(q32, 512u * 20, MemType::kCuda);
+  EXPECT_EQ(rec_.size(), 4u);
+  for (std::uint64_t a : {p, std::uint64_t{p32}, q, std::uint64_t{q32}}) {
+    ASSERT_EQ(drv_.memFree(a), 0);
+  }
 }
 
 TEST_F(AllocTest, CuMemAllocManagedIsManaged) {
@@ -180,7 +218,7 @@ TEST_F(AllocTest, CudaMallocPitchReportsPitchTimesHeight) {
   void* p = nullptr;
   std::size_t pitch = 0;
   ASSERT_EQ(cudaMallocPitch(&p, &pitch, 1000, 37), 0);
-  ASSERT_EQ(pitch, 1024u) << "the fake runtime's pitch";
+  ASSERT_EQ(pitch, 1024u) << "the fake driver's pitch";
   expectOneEvent(reinterpret_cast<std::uintptr_t>(p), 1024u * 37, MemType::kCuda);
   EXPECT_EQ(rec_.size(), 1u);
   ASSERT_EQ(cudaFree(p), 0);
@@ -221,6 +259,30 @@ TEST_F(AllocTest, EverySubscriberSeesEachAllocationAndUnsubscribeStopsIt) {
   ASSERT_EQ(drv_.memAlloc(&p, kMiB), 0);
   EXPECT_EQ(rec_.count(p), 2u);
   ASSERT_EQ(drv_.memFree(p), 0);
+}
+
+// Allocations on several threads at once: each one event, on its own thread, none lost.
+TEST_F(AllocTest, ConcurrentAllocationsAreEachOneEvent) {
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 100;
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        void* p = nullptr;
+        const std::size_t size = 4096 * (1 + (i + t) % 8);
+        if ((i & 1 ? cudaMalloc(&p, size) : cudaMallocManaged(&p, size, 1)) != 0) {
+          ++errors;
+          continue;
+        }
+        if (cudaFree(p) != 0) ++errors;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(rec_.size(), static_cast<std::size_t>(kThreads * kRounds));
 }
 
 TEST_F(AllocTest, NullCallbackIsRefused) {

@@ -13,6 +13,8 @@
 // thread-safe as the operations they forward to.
 #pragma once
 
+#include <cstdint>
+
 #include "md/ucx_abi.h"
 
 namespace gmd::md {
@@ -29,6 +31,8 @@ struct MdImpl {
   ucs_status_t (*mkey_pack)(uct_md_h md, uct_mem_h memh, void* rkey_buffer);
   ucs_status_t (*detect_memory_type)(uct_md_h md, const void* address, size_t length,
                                      ucs_memory_type_t* mem_type_p);
+  // mem_query's mem_flags (UCX 1.22 on) for memory of mem_type; nullptr answers 0.
+  std::uint8_t (*mem_flags)(uct_md_h md, ucs_memory_type_t mem_type) = nullptr;
 };
 const MdImpl& mdImpl() noexcept;  // md/md.cc
 

@@ -3,6 +3,7 @@
 // some UCX release; the slot's type in md/abi/ucx_<major>_<minor>.h picks it. Slots only some
 // generations have are filled when the table has them.
 #include <ucs/debug/log_def.h>
+#include <ucs/memory/memory_type.h>
 
 #include <cstring>
 
@@ -11,6 +12,10 @@
 
 namespace gmd::md {
 namespace {
+
+#if UCT_VERNO_MAJOR == 1 && UCT_VERNO_MINOR >= 22
+static_assert(kMemFlagRegistrable == UCS_MEM_FLAG_REGISTRABLE, "UCX 1.22 UCS_MEM_FLAG_REGISTRABLE");
+#endif
 
 // The adapters of one MD implementation (Impl: md/md.cc's mdImpl, md/copy/copy_md.cc's
 // copy::mdImpl); each static member matches one signature a slot has had.
@@ -119,16 +124,23 @@ struct Edge {
     v1.field_mask = attr->field_mask &
                     (UCT_MD_MEM_ATTR_FIELD_MEM_TYPE | UCT_MD_MEM_ATTR_FIELD_SYS_DEV |
                      UCT_MD_MEM_ATTR_FIELD_BASE_ADDRESS | UCT_MD_MEM_ATTR_FIELD_ALLOC_LENGTH);
+    // The flags depend on the memory type: classify even when the caller did not ask for it.
+    if (attr->field_mask & Attr::kFieldMemFlags) v1.field_mask |= UCT_MD_MEM_ATTR_FIELD_MEM_TYPE;
     if (const ucs_status_t st = Impl().mem_query(md, address, length, &v1); st != UCS_OK) {
       return st;
     }
-    if (v1.field_mask & UCT_MD_MEM_ATTR_FIELD_MEM_TYPE) attr->mem_type = v1.mem_type;
+    if (attr->field_mask & UCT_MD_MEM_ATTR_FIELD_MEM_TYPE) attr->mem_type = v1.mem_type;
     if (v1.field_mask & UCT_MD_MEM_ATTR_FIELD_SYS_DEV) attr->sys_dev = v1.sys_dev;
     if (v1.field_mask & UCT_MD_MEM_ATTR_FIELD_BASE_ADDRESS) attr->base_address = v1.base_address;
     if (v1.field_mask & UCT_MD_MEM_ATTR_FIELD_ALLOC_LENGTH) attr->alloc_length = v1.alloc_length;
     if (attr->field_mask & Attr::kFieldDmabufFd) attr->dmabuf_fd = Attr::kDmabufFdInvalid;
     if (attr->field_mask & Attr::kFieldDmabufOffset) attr->dmabuf_offset = 0;
-    if (attr->field_mask & Attr::kFieldMemFlags) attr->mem_flags = 0;
+    // UCS_MEM_FLAG_REGISTRABLE where this MD registers the memory: UCP (1.22 on) maps a buffer
+    // only on MDs whose required_mem_flags its detected flags cover, and UCX's IB MD requires
+    // this one.
+    if (attr->field_mask & Attr::kFieldMemFlags) {
+      attr->mem_flags = Impl().mem_flags != nullptr ? Impl().mem_flags(md, v1.mem_type) : 0;
+    }
     return UCS_OK;
   }
 

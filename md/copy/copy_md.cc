@@ -101,6 +101,10 @@ ucs_status_t mdDetectMemoryType(uct_md_h, const void* address, size_t length,
   return UCS_OK;
 }
 
+// mem_query's mem_flags (UCX 1.22 on): device memory registers (with a GPUDirect-capable MD),
+// as UCX's own cuda_copy says of ordinary device allocations.
+std::uint8_t mdMemFlags(uct_md_h, ucs_memory_type_t type) { return memFlags(kDeviceTypes, type); }
+
 // --- The component ---
 
 ucs_status_t queryMdResources(ucx::Component*, uct_md_resource_desc_t** resources_p,
@@ -218,6 +222,7 @@ const MdImpl& mdImpl() noexcept {
       .mem_query = mdMemQuery,
       .mkey_pack = mdMkeyPack,
       .detect_memory_type = mdDetectMemoryType,
+      .mem_flags = mdMemFlags,
   };
   return impl;
 }

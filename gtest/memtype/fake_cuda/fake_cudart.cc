@@ -3,21 +3,21 @@
 // free entry points, so that the hooks on them (and the one-report-per-call rule when the runtime's
 // wrapper reaches the driver's) are exercised.
 //
-// The fake driver has no cuMemAllocPitch or memory pools: cudaMallocPitch allocates pitch * height
-// with cuMemAlloc_v2 (the pitch rounded up to 512 bytes, as a device's texture alignment would),
-// and cudaMallocFromPoolAsync ignores its pool and calls cuMemAllocAsync.
+// The fake driver has no memory pools: cudaMallocFromPoolAsync ignores its pool and calls
+// cuMemAllocAsync.
 #include <cstddef>
 #include <cstdint>
 
 extern "C" {
 int cuMemAlloc_v2(std::uint64_t* ptr, std::size_t size);
 int cuMemAllocManaged(std::uint64_t* ptr, std::size_t size, unsigned flags);
+int cuMemAllocPitch_v2(std::uint64_t* ptr, std::size_t* pitch, std::size_t width,
+                       std::size_t height, unsigned element);
 int cuMemAllocAsync(std::uint64_t* ptr, std::size_t size, void* stream);
 int cuMemFree_v2(std::uint64_t ptr);
 int cuMemFreeAsync(std::uint64_t ptr, void* stream);
 
 namespace {
-constexpr std::size_t kPitchAlign = 512;
 // The result of an allocation call that stored into p: *ptr set on success only.
 int out(void** ptr, int r, const std::uint64_t& p) {
   if (r == 0) *ptr = reinterpret_cast<void*>(p);
@@ -34,12 +34,8 @@ int cudaMallocManaged(void** ptr, std::size_t size, unsigned flags) {
   return out(ptr, cuMemAllocManaged(&p, size, flags), p);
 }
 int cudaMallocPitch(void** ptr, std::size_t* pitch, std::size_t width, std::size_t height) {
-  if (pitch == nullptr) return 1;  // cudaErrorInvalidValue
-  const std::size_t p_bytes = (width + kPitchAlign - 1) / kPitchAlign * kPitchAlign;
   std::uint64_t p = 0;
-  const int r = cuMemAlloc_v2(&p, p_bytes * height);
-  if (r == 0) *pitch = p_bytes;
-  return out(ptr, r, p);
+  return out(ptr, cuMemAllocPitch_v2(&p, pitch, width, height, 4), p);
 }
 int cudaMallocAsync(void** ptr, std::size_t size, void* stream) {
   std::uint64_t p = 0;
