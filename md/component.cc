@@ -1,4 +1,5 @@
-// The UCT component `gmd`: registered with libuct when this module is loaded, never unloaded.
+// The UCT component `gmd`: registered with libuct when this module is loaded, never unloaded; and
+// with it the module's second component, gmd_copy (md/copy/).
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
 #include <ucs/debug/log_def.h>
@@ -7,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "md/copy/copy_md.h"
 #include "md/mapping.h"
 #include "md/md.h"
 #include "md/md_config.h"
@@ -199,6 +201,8 @@ __attribute__((constructor)) void registerComponent() {
   ucs_list_head_init(&g_component.tl_list);
   uct_tl_register(&g_component, rc::transport());
   uct_component_register(&g_component);
+  // The second component of this module, gmd_copy (md/copy/copy_md.h), under the same check.
+  copy::registerComponent();
 }
 
 }  // namespace

@@ -232,7 +232,7 @@ ucs_status_t Md::open(ucx::Component* component, const char* name, const MdConfi
     md->handle_.header.component = component;
     md->handle_.md = md.get();
 
-    setLogHandler(logToUcx);
+    useUcxLogger();
     ucm_events::start(config.cuda_events != 0);  // usually done already when UCX listed the MDs
     md->ctx_ = openDevice(name);
     if (md->ctx_ == nullptr) {

@@ -71,6 +71,9 @@ void useUcxLogger() noexcept;
 // The gmd component (md/component.cc).
 ucx::Component* component() noexcept;
 
+// Routes gmd's logger (common/log.h) to UCX's, level for level (every MD open calls it).
+void useUcxLogger() noexcept;
+
 // The memory types an MD with this registrar registers (reg_mem_types): host; CUDA when it has a
 // GPUDirect backend (md/gpudirect.h: a method on every GPU for this NIC); CUDA managed under
 // UCX_GMD_CUDA_MANAGED=host-pages with a driver.

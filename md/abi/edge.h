@@ -1,10 +1,12 @@
-// The UCX edge: where gmd's one implementation of the MD, the component and gmd_rc meets the ops
-// tables of the UCX generation it is built for (md/ucx_abi.h).
+// The UCX edge: where gmd's implementations of an MD, a component and a transport meet the ops
+// tables of the UCX generation it is built for (md/ucx_abi.h). There are two of each: the verbs MD
+// with gmd_rc (md/md.cc, md/rc/), and the CUDA copy MD with gmd_copy (md/copy/).
 //
-// md/md.cc implements the MD operations once, in UCX 1.13's terms (MdImpl). md/abi/edge_md.cc
-// builds the generation's MD ops table from it, one thin adapter per signature UCX has used
-// (overloads and templates: the table's slot type picks the adapter at compile time);
-// md/abi/edge_iface.cc does the same for gmd_rc's iface internal ops. A new generation whose slots
+// An MD implements its operations once, in UCX 1.13's terms (MdImpl). md/abi/edge_md.cc builds the
+// generation's MD ops table from one, one thin adapter per signature UCX has used (overloads and
+// templates: the table's slot type picks the adapter at compile time; the implementation is a
+// template parameter, so each MD gets its own table); md/abi/edge_iface.cc does the same for each
+// transport's iface internal ops. A new generation whose slots
 // only take shapes seen before needs no change here, only its md/abi/ucx_<major>_<minor>.h.
 //
 // Thread safety: the tables are immutable after static initialisation; the adapters are as
@@ -49,3 +51,14 @@ ucx::IfaceInternalOps* ifaceInternalOps() noexcept;
 void finishIfaceAttr(uct_iface_attr_t* attr) noexcept;
 
 }  // namespace gmd::md::rc
+
+namespace gmd::md::copy {
+
+// The CUDA copy MD's operations (md/copy/copy_md.cc) and its generation's ops table.
+const MdImpl& mdImpl() noexcept;
+ucx::MdOps* mdOps() noexcept;
+
+// gmd_copy's internal-ops table (libuct's default one up to 1.15, its own from 1.16).
+ucx::IfaceInternalOps* ifaceInternalOps() noexcept;
+
+}  // namespace gmd::md::copy
