@@ -65,9 +65,6 @@ class Md {
   bool cuda_subscribed_ = false;
 };
 
-// Sends gmd's log lines (common/log.h, every layer) to UCX's logger, level for level.
-void useUcxLogger() noexcept;
-
 // The gmd component (md/component.cc).
 ucx::Component* component() noexcept;
 
