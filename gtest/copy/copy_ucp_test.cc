@@ -1,7 +1,16 @@
 // UCP moving CUDA memory through gmd_copy, on a UCX without CUDA support: one context, two workers
 // of one process connected over tcp (or whatever UCP picks with UCX_TLS unset), the fake CUDA
 // driver with device memory PROT_NONE (GMD_FAKE_CUDA_CPU_ACCESS=0: any CPU touch of it by UCP or
-// gmd crashes), and UCX_MEMTYPE_CACHE=n so that UCP asks the MDs what a buffer is.
+// gmd crashes). Run twice: with UCX's memory-type cache on (the default: gmd raises libucm's
+// CUDA allocation events, so the cache knows device memory and UCP learns it there, and the small
+// message inline path stays off for device buffers) and off (UCX_MEMTYPE_CACHE=n: UCP asks the MDs
+// what a buffer is).
+//
+// The same binary runs over gmd_rc in the soft-RoCE VM (GMD_COPY_UCP_NET, set by the rxe ctest
+// entries): "copy" (device memory PROT_NONE, no GPUDirect: every device byte through gmd_copy) and
+// "peermem" (the fake's device memory CPU-accessible, NVIDIA peer memory claimed in this command's
+// own mount namespace: large messages go zero-copy from device memory through gmd's GPUDirect
+// registrations, few device bytes through the driver's copies).
 //
 // Tagged messages host -> device, device -> host and device -> device from 0 B to 8 MiB at odd
 // sizes and offsets (every protocol: eager short/bcopy/zcopy, rendezvous, pipelines), expected and
@@ -10,7 +19,16 @@
 // the driver's own copies, never by reading device memory with the CPU.
 #include <gtest/gtest.h>
 #include <ucp/api/ucp.h>
+// memtype_cache.h's inline ucs_memtype_cache_is_empty() needs the page table's definition.
+extern "C" {
+#include <ucs/datastruct/pgtable.h>
+}
+#include <ucs/memory/memtype_cache.h>
 
+#include <sys/mount.h>
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <ostream>
 #include <cstring>
@@ -19,6 +37,7 @@
 
 #include "gtest/copy/device_memory.h"
 #include "gtest/rxe/uct_fixture.h"
+#include "gtest/rxe/verbs_fixture.h"
 
 namespace gmd::test {
 namespace {
@@ -27,6 +46,31 @@ const bool kPluginLoaded = loadGmdPluginFirst();
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr long kMaxSpins = 200'000'000;  // progress calls per operation before giving up
+
+// GMD_COPY_UCP_NET: unset on the host (tcp, UCP's default); "copy" or "peermem" over gmd_rc.
+enum class Net { kHost, kCopy, kPeerMem };
+Net net() {
+  const char* v = std::getenv("GMD_COPY_UCP_NET");
+  if (v == nullptr || v[0] == '\0') return Net::kHost;
+  return std::string(v) == "peermem" ? Net::kPeerMem : Net::kCopy;
+}
+
+// Claims NVIDIA peer memory for this command's mount namespace (the VM gives each command its own).
+bool fakePeerMemory(std::string* why) {
+  struct stat st{};
+  if (stat("/sys/kernel/mm/memory_peers/nv_mem", &st) == 0) return true;
+  if (std::getenv("GMD_RXE_VM") == nullptr || std::getenv("GMD_VM_RESULTS") == nullptr) {
+    *why = "claims peer memory by mounting over /sys/kernel/mm: only inside the test VM";
+    return false;
+  }
+  if (mount("gmd-peermem", "/sys/kernel/mm", "tmpfs", 0, nullptr) != 0 ||
+      mkdir("/sys/kernel/mm/memory_peers", 0755) != 0 ||
+      mkdir("/sys/kernel/mm/memory_peers/nv_mem", 0755) != 0) {
+    *why = std::string("cannot fake the peer-memory marker: ") + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
 
 enum class Mem { kHost, kDevice };
 const char* name(Mem m) { return m == Mem::kHost ? "host" : "device"; }
@@ -41,7 +85,18 @@ void PrintTo(const Params& p, std::ostream* os) {
 }
 
 std::string paramName(const ::testing::TestParamInfo<Params>& info) {
-  return std::string(info.param.v2 ? "v2" : "v1") + (info.param.tls ? "_tcp" : "_default_tls");
+  const char* tls = info.param.tls == nullptr                              ? "_default_tls"
+                    : std::string(info.param.tls).find("gmd_rc") != std::string::npos ? "_gmd_rc"
+                                                                                         : "_tcp";
+  return std::string(info.param.v2 ? "v2" : "v1") + tls;
+}
+
+// UCX_MEMTYPE_CACHE as UCX reads it: anything but n/no/off/0 leaves the cache on (default "try").
+bool memtypeCacheOn() {
+  const char* v = std::getenv("UCX_MEMTYPE_CACHE");
+  if (v == nullptr) return true;
+  const std::string s(v);
+  return !(s == "n" || s == "no" || s == "off" || s == "0" || s == "N");
 }
 
 unsigned ucxMinor() {
@@ -69,10 +124,17 @@ class CopyUcp : public ::testing::TestWithParam<Params> {
     if (GetParam().v2 && ucxMinor() < 18) {
       GTEST_SKIP() << "UCX 1." << ucxMinor() << " has v1 protocols only (its v2 is experimental)";
     }
-    const char* cache = std::getenv("UCX_MEMTYPE_CACHE");
-    ASSERT_TRUE(cache != nullptr && std::string(cache) == "n")
-        << "run with UCX_MEMTYPE_CACHE=n (the ctest entry sets it)";
 
+    if (net() != Net::kHost) {
+      GMD_REQUIRE_RDMA_DEVICES(1);
+      ASSERT_EQ(0, setenv("UCX_GMD_DMABUF", "off", 1));
+      ASSERT_EQ(net() == Net::kPeerMem ? 1 : 0, dev_.counter("cpu_access"))
+          << "GMD_FAKE_CUDA_CPU_ACCESS does not match GMD_COPY_UCP_NET";
+    }
+    if (net() == Net::kPeerMem) {
+      std::string no_peer;
+      ASSERT_TRUE(fakePeerMemory(&no_peer)) << no_peer;
+    }
     ucp_config_t* config = nullptr;
     ASSERT_EQ(UCS_OK, ucp_config_read(nullptr, nullptr, &config));
     if (GetParam().tls != nullptr) {
@@ -155,11 +217,32 @@ class CopyUcp : public ::testing::TestWithParam<Params> {
       b.dev = dev_.alloc(b.len);
       EXPECT_NE(0u, b.dev);
       if (b.dev != 0) allocs_.push_back(b.dev);
+      if (b.dev != 0) expectCacheKnows(b.dev, b.len);
       if (content != nullptr && !content->empty()) {
         EXPECT_EQ(0, dev_.toDevice(b.dev + off, content->data(), content->size()));
       }
     }
     return b;
+  }
+
+  // With the cache on, UCP looks a buffer up there first and asks no MD when the answer is "not
+  // found": the cache must answer CUDA for every device buffer (gmd's allocation events), and it
+  // must not be empty (an empty cache lets UCP take the inline path without looking).
+  void expectCacheKnows(std::uint64_t dev, std::size_t len) {
+    if (!memtypeCacheOn()) {
+      EXPECT_EQ(nullptr, ucs_memtype_cache_global_instance) << "UCX_MEMTYPE_CACHE=n, a cache exists";
+      return;
+    }
+    ASSERT_NE(nullptr, ucs_memtype_cache_global_instance) << "the cache is on, but there is none";
+    EXPECT_FALSE(ucs_memtype_cache_is_empty()) << "a device buffer is allocated, the cache is empty";
+    for (std::size_t at : {std::size_t{0}, len / 2, len - 1}) {
+      ucs_memory_info_t info{};
+      const ucs_status_t st = ucs_memtype_cache_lookup(reinterpret_cast<void*>(dev + at), 1, &info);
+      EXPECT_EQ(UCS_OK, st) << "device byte " << at << " of " << len << ": not in the cache";
+      if (st == UCS_OK) {
+        EXPECT_EQ(UCS_MEMORY_TYPE_CUDA, info.type) << "device byte " << at << " of " << len;
+      }
+    }
   }
 
   // Bytes the fake driver copied so far, per direction.
@@ -206,11 +289,18 @@ class CopyUcp : public ::testing::TestWithParam<Params> {
     ASSERT_EQ(UCS_OK, wait(rreq));
     // Device bytes moved only through the driver's copies (gmd_copy's; the CPU cannot reach them).
     const Copied moved = copied() - before;
-    if (len > 0 && from == Mem::kDevice) {
-      EXPECT_GE(moved.dtoh + moved.dtod, len);
-    }
-    if (len > 0 && to == Mem::kDevice) {
-      EXPECT_GE(moved.htod + moved.dtod, len);
+    if (net() != Net::kPeerMem) {
+      if (len > 0 && from == Mem::kDevice) {
+        EXPECT_GE(moved.dtoh + moved.dtod, len);
+      }
+      if (len > 0 && to == Mem::kDevice) {
+        EXPECT_GE(moved.htod + moved.dtod, len);
+      }
+    } else if (len >= kMiB && (from == Mem::kDevice || to == Mem::kDevice)) {
+      // Rendezvous zero-copy: the NIC reads/writes device memory through gmd's GPUDirect
+      // registration (which sets SYNC_MEMOPS on the allocation); few bytes through the copies.
+      EXPECT_LT(moved.htod + moved.dtoh + moved.dtod, len / 4) << "device bytes went through copies";
+      EXPECT_GT(dev_.counter("sync_memops_set"), 0) << "gmd registered no device memory";
     }
     EXPECT_EQ(data, contents(dst, roff, len));
     EXPECT_EQ(data, contents(src, soff, len)) << "the source changed";
@@ -226,6 +316,28 @@ class CopyUcp : public ::testing::TestWithParam<Params> {
 // 0 B to 8 MiB, odd sizes around each protocol's usual thresholds.
 const std::vector<std::size_t> kSizes = {0,    1,     7,      63,       255,          1025,    4095,
                                          8193, 65537, 262147, kMiB + 7, 4 * kMiB + 1, 8 * kMiB};
+
+// The cache as UCP sees it: a device buffer is CUDA there (whole, and any byte of it), a freed one
+// is gone from it, and host memory stays "not found" (UCP's host fast path).
+TEST_P(CopyUcp, MemtypeCacheKnowsDeviceMemory) {
+  if (!memtypeCacheOn()) {
+    EXPECT_EQ(nullptr, ucs_memtype_cache_global_instance);
+    return;
+  }
+  const std::size_t len = 3 * kMiB + 11;
+  const std::uint64_t dev = dev_.alloc(len);
+  ASSERT_NE(0u, dev);
+  expectCacheKnows(dev, len);
+  ucs_memory_info_t info{};
+  ASSERT_EQ(UCS_OK, ucs_memtype_cache_lookup(reinterpret_cast<void*>(dev), len, &info));
+  EXPECT_EQ(UCS_MEMORY_TYPE_CUDA, info.type);
+  std::vector<std::uint8_t> host(4096);
+  EXPECT_EQ(UCS_ERR_NO_ELEM, ucs_memtype_cache_lookup(host.data(), host.size(), &info));
+  dev_.free(dev);
+  const ucs_status_t after = ucs_memtype_cache_lookup(reinterpret_cast<void*>(dev), len, &info);
+  EXPECT_TRUE(after == UCS_ERR_NO_ELEM || info.type != UCS_MEMORY_TYPE_CUDA)
+      << "freed device memory is still CUDA in the cache";
+}
 
 TEST_P(CopyUcp, TagHostToDevice) {
   for (std::size_t len : kSizes) {
@@ -366,11 +478,14 @@ TEST_P(CopyUcp, ActiveMessagesFromAndToDevice) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Protocols, CopyUcp,
-                         ::testing::Values(Params{false, "gmd_copy,self,tcp"},
-                                           Params{true, "gmd_copy,self,tcp"},
-                                           Params{false, nullptr}, Params{true, nullptr}),
-                         paramName);
+// On the host: gmd_copy with tcp, and UCP's default. Over gmd_rc (the VM): gmd_rc with gmd_copy,
+// and UCP's default (the rxe entries set UCX_SHM_DEVICES= so that, as between hosts, shm is out).
+std::vector<Params> allParams() {
+  const char* tls = net() == Net::kHost ? "gmd_copy,self,tcp" : "gmd_rc,gmd_copy,self";
+  return {Params{false, tls}, Params{true, tls}, Params{false, nullptr}, Params{true, nullptr}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Protocols, CopyUcp, ::testing::ValuesIn(allParams()), paramName);
 
 }  // namespace
 }  // namespace gmd::test

@@ -36,12 +36,18 @@ class FakeDevice {
     return {};
   }
 
-  // A device allocation of len bytes (0 on failure).
+  // A device allocation of len bytes (0 on failure). The entry points are looked up anew each time:
+  // a pointer taken before gmd hooked the driver would bypass the hooks (and gmd's CUDA memory
+  // events), which a real program calling through its symbol table does not.
   std::uint64_t alloc(std::size_t len) {
+    sym(alloc_, "cuMemAlloc_v2", nullptr);
     std::uint64_t p = 0;
     return alloc_(&p, len) == 0 ? p : 0;
   }
-  void free(std::uint64_t p) { free_(p); }
+  void free(std::uint64_t p) {
+    sym(free_, "cuMemFree_v2", nullptr);
+    free_(p);
+  }
   // The driver's copies (CUresult, 0 on success).
   int toDevice(std::uint64_t dst, const void* src, std::size_t len) { return htod_(dst, src, len); }
   int toHost(void* dst, std::uint64_t src, std::size_t len) { return dtoh_(dst, src, len); }
@@ -57,8 +63,9 @@ class FakeDevice {
  private:
   template <typename F>
   void sym(F& f, const char* name, std::string* missing) {
-    f = reinterpret_cast<F>(dlsym(handle_, name));
-    if (f == nullptr) *missing += std::string(" ") + name;
+    F found = reinterpret_cast<F>(dlsym(handle_, name));
+    if (found != nullptr || missing != nullptr) f = found;
+    if (found == nullptr && missing != nullptr) *missing += std::string(" ") + name;
   }
 
   void* handle_ = nullptr;
