@@ -293,7 +293,15 @@ ucs_status_t Md::open(ucx::Component* component, const char* name, const MdConfi
 }
 
 Md::~Md() {
-  if (registrar_ && config_.print_stats) std::fprintf(stderr, "%s\n", registrar_->statsLine().c_str());
+  if (registrar_ && config_.print_stats) {
+    std::string line = registrar_->statsLine();
+    if (cuda_backend_) {  // device memory registered on the NIC (GPUDirect)
+      const GpuDirectStats g = cuda_backend_->stats();
+      line += " gpudirect_dmabuf_regs=" + std::to_string(g.dmabuf_regs) +
+              " gpudirect_peermem_regs=" + std::to_string(g.peermem_regs);
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
   if (cuda_subscribed_) {
     memtype::Classifier::instance().unsubscribe(onCudaFree, &registrar_->cache());
   }

@@ -8,12 +8,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -29,6 +25,7 @@ extern "C" {
 #include "md/md.h"
 #include "md/ucs_topology.h"
 #include "md/ucx_abi.h"
+#include "memtype/maps_scan.h"
 
 namespace gmd::md::ucm_events {
 namespace {
@@ -135,39 +132,6 @@ int findUcxCuda(dl_phdr_info* info, std::size_t, void* found) {
   return 0;
 }
 
-struct Mapping {
-  std::uintptr_t start;
-  std::uintptr_t end;
-  bool candidate;  // PROT_NONE or a /dev/nvidia* mapping: possibly CUDA, type unknown
-};
-
-// /proc/self/maps, read whole before anything is raised (raising allocates and maps).
-std::vector<Mapping> readMaps() {
-  std::vector<Mapping> maps;
-  std::ifstream in("/proc/self/maps");
-  if (!in) return maps;
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::istringstream lines(text);
-  std::string line;
-  while (std::getline(lines, line)) {
-    unsigned long start = 0, end = 0;
-    char perms[5] = {};
-    int path_at = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx %4s %*s %*s %*s %n", &start, &end, perms, &path_at) <
-            3 ||
-        end <= start) {
-      continue;
-    }
-    const std::string_view path =
-        path_at > 0 && static_cast<std::size_t>(path_at) <= line.size()
-            ? std::string_view(line).substr(static_cast<std::size_t>(path_at))
-            : std::string_view();
-    const bool no_access = perms[0] == '-' && perms[1] == '-' && perms[2] == '-';
-    maps.push_back({start, end, no_access || path.starts_with("/dev/nvidia")});
-  }
-  return maps;
-}
-
 // Allocations made before gmd was loaded: ranges that may be CUDA as unknown (UCP asks the MDs, and
 // gmd's mem_query writes the answer back), and device allocations the classifier recognises at the
 // start of a mapping (and back to back after it) with their exact range and type.
@@ -175,7 +139,7 @@ void raiseExisting(bool cache_exists) {
   if (!cache_exists) return;  // UCX_MEMTYPE_CACHE=n: nothing to feed
   memtype::Classifier& classifier = memtype::Classifier::instance();
   std::size_t unknown = 0, exact = 0;
-  for (const Mapping& m : readMaps()) {
+  for (const memtype::maps::Mapping& m : memtype::maps::readProcMaps()) {
     if (m.candidate) {
       dispatch(ucx::kUcmEventMemTypeAlloc, m.start, m.end - m.start, UCS_MEMORY_TYPE_UNKNOWN,
                UCS_SYS_DEVICE_ID_UNKNOWN);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "gtest/cuda/maps_scan.h"
 #include "gtest/cuda/runtime_fixture.h"
 
 namespace gmd::memtype::cudacheck {
@@ -98,6 +99,34 @@ TEST(RuntimeFreeLate, RuntimeInitialisedBeforeGmdStillHasItsCudaFreeSeen) {
   EXPECT_EQ(rec.count(before.base, before.size), 1u);
   EXPECT_EQ(rec.liveIdAtFree(p), before.buffer_id);
   EXPECT_EQ(classify(p).type, MemType::kHost);
+}
+
+// What /proc/self/maps shows for the runtime's allocations, and whether gmd's scan rule covers
+// them (maps_scan.h; the driver API's are in maps_test.cc).
+using RuntimeMapsScan = RuntimeFixture;
+
+TEST_F(RuntimeMapsScan, CudaMalloc) {
+  const std::uintptr_t p = deviceAlloc(4 * kMiB);
+  expectCovered("cudaMalloc", p, 4 * kMiB, false);
+  EXPECT_TRUE(deviceFree(p));
+}
+
+TEST_F(RuntimeMapsScan, CudaMallocManaged) {
+  if (attribute(cudaDevAttrManagedMemory) == 0) GTEST_SKIP() << "no managed memory on device 0";
+  void* p = nullptr;
+  ASSERT_EQ(cudaMallocManaged(&p, 2 * kMiB, cudaMemAttachGlobal), cudaSuccess);
+  expectCovered("cudaMallocManaged", reinterpret_cast<std::uintptr_t>(p), 2 * kMiB, true);
+  EXPECT_EQ(cudaFree(p), cudaSuccess);
+}
+
+TEST_F(RuntimeMapsScan, CudaMallocAsync) {
+  if (attribute(cudaDevAttrMemoryPoolsSupported) == 0)
+    GTEST_SKIP() << "no memory pools on device 0";
+  const std::uintptr_t p = asyncAlloc(4 * kMiB);
+  sync();
+  expectCovered("cudaMallocAsync", p, 4 * kMiB, false);
+  EXPECT_TRUE(asyncFree(p));
+  sync();
 }
 
 }  // namespace

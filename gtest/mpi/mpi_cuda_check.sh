@@ -20,7 +20,7 @@ source "$here/mpi_setup.sh"
 mpi_setup mpirun openmpi-bin || exit 1
 [[ -e $fake_dir/libcuda.so.1 ]] || { echo "FAIL: no test driver in $fake_dir"; exit 1; }
 mode=${GMD_MPI_CUDA_MODE:-copy}
-export LD_PRELOAD=$plugin UCX_GMD_PRINT_STATS=y
+export LD_PRELOAD=$plugin UCX_GMD_PRINT_STATS=y UCX_GMD_COPY_PRINT_STATS=y
 export LD_LIBRARY_PATH=$fake_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 case $mode in
   copy)
@@ -35,8 +35,8 @@ case $mode in
     fi ;;
   *) echo "FAIL: GMD_MPI_CUDA_MODE=$mode (copy or peermem)"; exit 1 ;;
 esac
-env_args=(-x LD_PRELOAD -x LD_LIBRARY_PATH -x UCX_GMD_PRINT_STATS -x GMD_FAKE_CUDA_CPU_ACCESS
-          -x UCX_GMD_DMABUF)
+env_args=(-x LD_PRELOAD -x LD_LIBRARY_PATH -x UCX_GMD_PRINT_STATS -x UCX_GMD_COPY_PRINT_STATS
+          -x GMD_FAKE_CUDA_CPU_ACCESS -x UCX_GMD_DMABUF)
 if [[ ${GMD_MPI_TLS:-} == default ]]; then
   unset UCX_TLS
   export UCX_SHM_DEVICES=
@@ -60,6 +60,23 @@ fail=0
   { echo "FAIL: not both ranks verified their device-buffer exchanges"; fail=1; }
 (($(echo "$out" | grep -c 'exchanges after cuMemFree + cuMemAlloc verified') == 2)) ||
   { echo "FAIL: not both ranks verified the exchanges after reallocation"; fail=1; }
+# Who moved the device bytes: gmd_copy's counters (bytes it copied between host and device memory)
+# and gmd's GPUDirect registrations, summed over both ranks.
+copied=$(echo "$out" | sed -n 's/^gmd_copy [0-9a-f]*: short_bytes=\([0-9]*\) zcopy_bytes=\([0-9]*\).*/\1 \2/p' |
+         awk '{s += $1 + $2} END {print s + 0}')
+gpudirect=$(echo "$out" | sed -n 's/^gmd .* gpudirect_dmabuf_regs=\([0-9]*\) gpudirect_peermem_regs=\([0-9]*\).*/\1 \2/p' |
+            awk '{s += $1 + $2} END {print s + 0}')
+echo "device bytes copied by gmd_copy: $copied; GPUDirect registrations: $gpudirect"
+if [[ $mode == copy ]]; then
+  # No GPUDirect: every device byte sent or received went through gmd_copy (at least the largest
+  # message, both ways), and nothing registered device memory on the NIC.
+  ((copied >= 2 * 16 * 1024 * 1024)) ||
+    { echo "FAIL: gmd_copy copied $copied bytes: device memory did not go through it"; fail=1; }
+  ((gpudirect == 0)) || { echo "FAIL: $gpudirect GPUDirect registrations without GPUDirect"; fail=1; }
+else
+  ((gpudirect > 0)) ||
+    { echo "FAIL: no GPUDirect registration: device memory did not go zero-copy"; fail=1; }
+fi
 [ $fail -eq 0 ] &&
   echo "PASS: device buffers over UCX_TLS=${UCX_TLS-(unset)} ($mode mode): every byte verified, before and after cuMemFree + cuMemAlloc"
 exit $fail

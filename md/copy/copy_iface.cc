@@ -3,6 +3,7 @@
 #include <ucs/debug/log_def.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <random>
@@ -50,6 +51,10 @@ ucs_config_field_t kIfaceConfigTable[] = {
      "Zero-copy copies queued per gmd_copy iface; beyond that put/get_zcopy return\n"
      "UCS_ERR_NO_RESOURCE and the caller's pending requests wait for completions.",
      offsetof(IfaceConfig, max_outstanding), UCS_CONFIG_TYPE_UINT},
+    {"PRINT_STATS", "n",
+     "Print each gmd_copy iface's copy counters (bytes copied short and zero-copy, failures) to\n"
+     "stderr when it closes.",
+     offsetof(IfaceConfig, print_stats), UCS_CONFIG_TYPE_BOOL},
     {nullptr},
 };
 
@@ -96,6 +101,7 @@ ucs_status_t Iface::open(uct_md_h md, uct_worker_h worker, const uct_iface_param
     return UCS_ERR_NO_MEMORY;
   }
   iface->max_outstanding_ = config.max_outstanding;
+  iface->print_stats_ = config.print_stats != 0;
   iface->id_ = randomId(iface.get());
 
   ucx::BaseIface& base = iface->handle_.base;
@@ -151,6 +157,12 @@ Iface::~Iface() {
             static_cast<unsigned long long>(id_), static_cast<unsigned long long>(short_bytes_),
             static_cast<unsigned long long>(zcopy_bytes_),
             static_cast<unsigned long long>(failures_));
+  if (print_stats_) {
+    std::fprintf(stderr, "gmd_copy %016llx: short_bytes=%llu zcopy_bytes=%llu failures=%llu\n",
+                 static_cast<unsigned long long>(id_), static_cast<unsigned long long>(short_bytes_),
+                 static_cast<unsigned long long>(zcopy_bytes_),
+                 static_cast<unsigned long long>(failures_));
+  }
 }
 
 ucs_status_t Iface::query(uct_iface_attr_t* attr) noexcept {

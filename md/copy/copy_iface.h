@@ -37,6 +37,7 @@ inline constexpr const char* kConfigPrefix = "GMD_COPY_";
 struct IfaceConfig {
   ucx::IfaceConfigBase super;
   unsigned max_outstanding;  // MAX_OUTSTANDING: queued zcopy copies per iface
+  int print_stats;           // PRINT_STATS: the iface's copy counters on stderr when it closes
 };
 extern ucs_config_field_t kIfaceConfigTable[];
 
@@ -111,6 +112,7 @@ class Iface {
   std::uint64_t short_bytes_ = 0;
   std::uint64_t zcopy_bytes_ = 0;
   std::uint64_t failures_ = 0;
+  bool print_stats_ = false;
 };
 
 // The transport descriptor registered into component gmd_copy (md/copy/copy_md.cc), and its iface
