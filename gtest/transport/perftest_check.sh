@@ -1,7 +1,7 @@
 #!/bin/bash
 # ucx_perftest over gmd_rc, server and client as two processes. The client runs on the second RDMA
 # device when there is one (rxe1 -> rxe0 in the soft-RoCE VM), else on the first.
-#  - UCT: put_bw and get with zero-copy at several sizes up to 8 MiB.
+#  - UCT: put_bw and get with zero-copy at several sizes up to 8 MiB (all in one server/client pair).
 #  - UCP: tag_bw of 1 MiB and 4 MiB messages with UCX's default rendezvous scheme (get_zcopy: the
 #    receiving server RDMA-READs from the client). A hang check, not a benchmark: the messages must
 #    all arrive within a deadline that a working transport meets many times over even in the VM,
@@ -16,30 +16,36 @@ perftest_workdir || exit 1
 port=13337
 fail=0
 export LD_PRELOAD=$plugin
+# The UCT cases in one server/client pair (ucx_perftest -b, perftest_server.sh), each with a UCT
+# context and endpoint of its own.
 for test in put_bw get; do
   for size in 4096 65536 1048576 8388608; do
-    iters=$((size >= 1048576 ? 40 : 400))
-    args=(-x gmd_rc -t "$test" -D zcopy -s "$size" -n "$iters" -w 4 -p "$port" "${mpi_off[@]}")
-    timeout 300 ucx_perftest -d "$sdev" "${args[@]}" >server.log 2>&1 &
-    spid=$!
-    wait_for_server "$spid" "$port" || echo "note: the $test server is not listening on port $port"
-    out=$(timeout 300 ucx_perftest "$sip" -d "$cdev" "${args[@]}" 2>&1)
-    crc=$?
-    wait "$spid"
-    src=$?
-    line=$(echo "$out" | grep '^Final:')
-    if ((crc != 0 || src != 0)) || [[ -z $line ]]; then
-      echo "FAIL: $test size $size ($cdev -> $sdev): client rc=$crc server rc=$src"
-      echo "$out" | tail -n 5
-      tail -n 5 server.log
-      fail=1
-    else
-      # Final: iters, overhead 50%ile/avg/overall (us), bandwidth avg/overall (MB/s), rate avg/overall
-      echo "$test $size B $cdev -> $sdev: $(echo "$line" | awk '{ printf "%s MB/s, %s us/op", $7, $5 }')"
-    fi
-    port=$((port + 1))
+    iters=$((size >= 8388608 ? 10 : size >= 1048576 ? 20 : 400))
+    echo "${test}_$size -x gmd_rc -t $test -D zcopy -s $size -n $iters -w 4"
   done
-done
+done >batch
+perftest_batch "$port" 600 batch ucx_perftest -d "$sdev" "${mpi_off[@]}" -- \
+  ucx_perftest -d "$cdev" "${mpi_off[@]}"
+port=$((port + 1))
+awk '{ print $1, $5, $9 }' batch >cases
+checked=0
+while read -r name test size; do
+  ((++checked))
+  line=$(batch_result "$name")
+  if [[ -z $line ]]; then
+    echo "FAIL: $test size $size ($cdev -> $sdev): no result: $(batch_stall_note)"
+    tail -n 5 "batch.$name.log" 2>/dev/null
+    fail=1
+  else
+    # Final: iters, overhead 50%ile/avg/overall (us), bandwidth avg/overall (MB/s), rate avg/overall
+    echo "$test $size B $cdev -> $sdev: $(echo "$line" | awk '{ printf "%s MB/s, %s us/op", $7, $5 }')"
+  fi
+done <cases
+if ((checked != 8)) || [[ $(cat batch.rc) != "0 0" ]]; then
+  echo "FAIL: ucx_perftest: $checked of the 8 UCT cases checked; $(batch_stall_note)"
+  tail -n 5 server.log
+  fail=1
+fi
 
 unset UCX_RNDV_SCHEME
 netdev_of() { rdma link show "$1" 2>/dev/null | sed -n 's/.*netdev \([^ ]*\).*/\1/p'; }

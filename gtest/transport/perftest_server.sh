@@ -43,3 +43,65 @@ wait_for_server() {
   done
   return 1
 }
+
+# perftest_batch PORT LIMIT BATCH SERVER_ENV -- CLIENT_ENV: one ucx_perftest server/client pair runs
+# every test of the file BATCH (ucx_perftest -b: a line per test, its name first, then its options),
+# each with a UCP or UCT context and endpoints of its own, in one process per side instead of a pair
+# per test (in the soft-RoCE VM a process start and UCX's set-up cost seconds; this is most of these
+# checks' time). SERVER_ENV and CLIENT_ENV: VAR=value words for env(1) and then the common arguments
+# of that side (e.g. UCX_NET_DEVICES=rxe0:1 ucx_perftest -d rxe0:1); the client's gets the server's
+# address. LIMIT: seconds for the whole batch (a stall fails it). Leaves batch.rc (client and server
+# status), server.log, client.log, and per test NAME its part of the client's output in
+# batch.NAME.log (from its header line on; missing when the batch stopped before it).
+# batch_result NAME: prints its Final line; fails when the test did not finish.
+perftest_batch() {
+  local port=$1 limit=$2 batch=$3
+  shift 3
+  local server=() client=()
+  while (($# > 0)) && [[ $1 != -- ]]; do server+=("$1"); shift; done
+  shift
+  client=("$@")
+  rm -f batch.*.log
+  env "${server[@]}" -b "$batch" -p "$port" >server.log 2>&1 &
+  local spid=$!
+  wait_for_server "$spid" "$port" || echo "note: the batch server is not listening on port $port"
+  env "${client[@]}" "$sip" -b "$batch" -p "$port" >client.log 2>&1 &
+  local cpid=$! crc src
+  # One deadline for both sides: `timeout` in front of each would leave the other waiting for it.
+  local t_end=$((SECONDS + limit))
+  while kill -0 "$cpid" 2>/dev/null && ((SECONDS < t_end)); do sleep 0.2; done
+  if kill -0 "$cpid" 2>/dev/null; then
+    kill -9 "$cpid" "$spid" 2>/dev/null
+    wait "$cpid" 2>/dev/null
+    wait "$spid" 2>/dev/null
+    crc=124 src=124
+  else
+    wait "$cpid"
+    crc=$?
+    while kill -0 "$spid" 2>/dev/null && ((SECONDS < t_end + 10)); do sleep 0.2; done
+    kill -9 "$spid" 2>/dev/null
+    wait "$spid"
+    src=$?
+  fi
+  echo "$crc $src" >batch.rc
+  # A test's part begins at its header, "+NAME----...", which ucx_perftest prints before running it (a name of 14 characters is followed by "+").
+  awk '/^\+[A-Za-z0-9_.]+[-+]/ { name = $0; sub(/^\+/, "", name); sub(/[-+].*/, "", name);
+                               file = "batch." name ".log" }
+       file { print > file }' client.log
+}
+
+batch_result() {
+  local f=batch.$1.log
+  [[ -f $f ]] && grep -m 1 '^Final:' "$f"
+}
+
+# batch_stall_note: why a test of the last batch has no result (for a FAIL line).
+batch_stall_note() {
+  local rc
+  read -r -a rc <batch.rc
+  if ((rc[0] == 124)); then
+    echo "the batch stalled (client and server killed after its time limit)"
+  else
+    echo "client rc=${rc[0]} server rc=${rc[1]}"
+  fi
+}

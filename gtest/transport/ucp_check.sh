@@ -3,10 +3,10 @@
 # device, server on the first (rxe1 -> rxe0 in the soft-RoCE VM).
 #  - ucx_info -e: the endpoint's AM (tag) and RMA_BW lanes are gmd_rc.
 #  - the lanes UCP chose between the two processes (ep_cfg at info level) are gmd_rc.
-#  - ucx_perftest tag_lat and tag_bw from 8 B (eager short) through 8 KiB (eager bcopy) and 64 KiB
+#  - ucx_perftest tag_lat and tag_bw (one server/client pair for all of them) from 8 B (eager short) through 8 KiB (eager bcopy) and 64 KiB
 #    (eager zcopy / rendezvous) to 8 MiB (rendezvous), busy polling and with -E sleep (event-driven:
 #    the process sleeps on gmd_rc's event fd).
-# Every run must finish under `timeout` (a stall fails it) with a Final line on the client.
+# Every case must end with a Final line on the client, all within 600 s (a stall fails the check).
 # Usage: ucp_check.sh PATH/TO/libuct_gmd.so
 set -u
 plugin=$1
@@ -29,52 +29,52 @@ else
   fail=1
 fi
 
-run() {  # run MODE TEST SIZE ITERS: one server/client pair
-  local mode=$1 test=$2 size=$3 iters=$4
-  local args=(-t "$test" -s "$size" -n "$iters" -w 2 -p "$port" "${mpi_off[@]}")
-  [[ $mode == sleep ]] && args+=(-E sleep)
-  UCX_NET_DEVICES=$sdev timeout 120 ucx_perftest "${args[@]}" >server.log 2>&1 &
-  local spid=$!
-  wait_for_server "$spid" "$port" || echo "note: the $test server is not listening on port $port"
-  port=$((port + 1))
-  local out crc src
-  out=$(UCX_NET_DEVICES=$cdev UCX_LOG_LEVEL=info timeout 120 ucx_perftest "$sip" "${args[@]}" 2>&1)
-  crc=$?
-  wait "$spid"
-  src=$?
-  local line
-  line=$(echo "$out" | grep '^Final:')
-  if ((crc != 0 || src != 0)) || [[ -z $line ]]; then
-    echo "FAIL: $test $size B ($mode): client rc=$crc server rc=$src$( ((crc == 124 || src == 124)) && echo ' (stalled)')"
-    echo "$out" | grep -v ' INFO ' | tail -n 5
-    tail -n 5 server.log
-    fail=1
-    return
-  fi
-  # Client side ep_cfg lines name the transports of each lane: only gmd_rc (and self) may appear.
-  local cfg
-  cfg=$(echo "$out" | grep -E 'ep_cfg\[[0-9]+\]' | sed 's/.*ep_cfg/ep_cfg/' | sort -u | tr '\n' ' ')
-  # UCX 1.18 and later print no ep_cfg lines at info level: there the lanes are those ucx_info -e showed
-  # above, and UCX_TLS=gmd_rc,self admits no other transport between two processes.
-  if [[ -z $cfg ]] && ucx_info -v 2>/dev/null | grep -Eiq 'version:? 1\.(1[89]|[2-9][0-9])'; then
-    cfg="(not printed by this UCX; ucx_info -e above)"
-  fi
-  if [[ -z $cfg ]] || echo "$out $cfg" | grep -Eq '\((tcp|ud_verbs|rc_verbs|posix|sysv|cma)/'; then
-    echo "FAIL: $test $size B ($mode): lanes not all gmd_rc: ${cfg:-none printed}"
-    fail=1
-    return
-  fi
-  echo "$test $size B ($mode): $(echo "$line" | awk '{ printf "%s us typical, %s MB/s", $3, $7 }')"
-  [[ $test == tag_lat && $size == 8 && $mode == poll ]] && echo "    lanes: $cfg"
-}
-
+# Every case in one server/client pair (ucx_perftest -b, perftest_server.sh): each still gets a UCP
+# context, worker and endpoint of its own; ucx_perftest stops at the first case that fails.
 for mode in poll sleep; do
   for test in tag_lat tag_bw; do
     for size in 8 8192 65536 1048576 8388608; do
       iters=$((size >= 1048576 ? 10 : 200))
-      run "$mode" "$test" "$size" "$iters"
+      echo "${test}_${size}_$mode -t $test -s $size -n $iters -w 2$([[ $mode == sleep ]] && echo ' -E sleep')"
     done
   done
-done
+done >batch
+perftest_batch "$port" 600 batch UCX_NET_DEVICES=$sdev ucx_perftest "${mpi_off[@]}" -- \
+  UCX_NET_DEVICES=$cdev UCX_LOG_LEVEL=info ucx_perftest "${mpi_off[@]}"
+# UCX 1.18 and later print no ep_cfg lines at info level: there the lanes are those ucx_info -e showed
+# above, and UCX_TLS=gmd_rc,self admits no other transport between two processes.
+ucx_info -v 2>/dev/null | grep -Eiq 'version:? 1\.(1[89]|[2-9][0-9])' && no_ep_cfg=1 || no_ep_cfg=0
+awk '{ print $1, $3, $5, $7, $NF }' batch >cases
+checked=0
+while read -r name test size iters mode; do
+  ((++checked))
+  line=$(batch_result "$name")
+  [[ $mode == *sleep* ]] && mode=sleep || mode=poll
+  if [[ -z $line ]]; then
+    echo "FAIL: $test $size B ($mode): no result: $(batch_stall_note)"
+    grep -v ' INFO ' "batch.$name.log" 2>/dev/null | tail -n 5
+    fail=1
+    continue
+  fi
+  # Client side ep_cfg lines name the transports of each lane: only gmd_rc (and self) may appear.
+  cfg=$(grep -E 'ep_cfg\[[0-9]+\]' "batch.$name.log" | sed 's/.*ep_cfg/ep_cfg/' | sort -u | tr '\n' ' ')
+  ((no_ep_cfg)) && [[ -z $cfg ]] && cfg="(not printed by this UCX; ucx_info -e above)"
+  if [[ -z $cfg ]] || grep -Eq '\((tcp|ud_verbs|rc_verbs|posix|sysv|cma)/' "batch.$name.log"; then
+    echo "FAIL: $test $size B ($mode): lanes not all gmd_rc: ${cfg:-none printed}"
+    fail=1
+    continue
+  fi
+  echo "$test $size B ($mode): $(echo "$line" | awk '{ printf "%s us typical, %s MB/s", $3, $7 }')"
+  [[ $test == tag_lat && $size == 8 && $mode == poll ]] && echo "    lanes: $cfg"
+done <cases
+if ((checked != 20)); then
+  echo "FAIL: $checked of the 20 cases were checked"
+  fail=1
+fi
+if [[ $(cat batch.rc) != "0 0" ]]; then
+  echo "FAIL: ucx_perftest: $(batch_stall_note)"
+  tail -n 5 server.log
+  fail=1
+fi
 [ $fail -eq 0 ] && echo "PASS: UCP tag_lat/tag_bw 8 B..8 MiB over gmd_rc,self, polling and -E sleep"
 exit $fail

@@ -7,7 +7,7 @@
 #    AM lane, as with UCX's own rc_verbs (verbs lacks the full 64-bit op set UCP's AMO lane needs).
 #  - ucx_perftest ucp_put_lat and ucp_get at 8 B (short / bcopy), 4 KiB (bcopy) and 64 KiB (zero-copy),
 #    and ucp_fadd 8 B.
-# Every run must finish under `timeout` (a stall fails it) with a Final line on the client.
+# Every case must end with a Final line on the client, all within 600 s (a stall fails the check).
 # Usage: ucp_rma_check.sh PATH/TO/libuct_gmd.so
 set -u
 plugin=$1
@@ -34,34 +34,35 @@ else
   fail=1
 fi
 
-run() {  # run TEST SIZE ITERS: one server/client pair
-  local test=$1 size=$2 iters=$3
-  local args=(-t "$test" -s "$size" -n "$iters" -w 20 -p "$port" "${mpi_off[@]}")
-  UCX_NET_DEVICES=$sdev timeout 120 ucx_perftest "${args[@]}" >server.log 2>&1 &
-  local spid=$!
-  wait_for_server "$spid" "$port" || echo "note: the $test server is not listening on port $port"
-  port=$((port + 1))
-  local out crc src line
-  out=$(UCX_NET_DEVICES=$cdev timeout 120 ucx_perftest "$sip" "${args[@]}" 2>&1)
-  crc=$?
-  wait "$spid"
-  src=$?
-  line=$(echo "$out" | grep '^Final:')
-  if ((crc != 0 || src != 0)) || [[ -z $line ]]; then
-    echo "FAIL: $test $size B: client rc=$crc server rc=$src$( ((crc == 124 || src == 124)) && echo ' (stalled)')"
-    echo "$out" | tail -n 5
-    tail -n 5 server.log
+# Every case in one server/client pair (ucx_perftest -b, perftest_server.sh), each with a UCP context,
+# worker and endpoint of its own.
+{
+  for test in ucp_put_lat ucp_get; do
+    for size in 8 4096 65536; do
+      echo "${test}_$size -t $test -s $size -n 500 -w 20"
+    done
+  done
+  echo "ucp_fadd_8 -t ucp_fadd -s 8 -n 500 -w 20"
+} >batch
+perftest_batch "$port" 600 batch UCX_NET_DEVICES=$sdev ucx_perftest "${mpi_off[@]}" -- \
+  UCX_NET_DEVICES=$cdev ucx_perftest "${mpi_off[@]}"
+awk '{ print $1, $3, $5 }' batch >cases
+checked=0
+while read -r name test size; do
+  ((++checked))
+  line=$(batch_result "$name")
+  if [[ -z $line ]]; then
+    echo "FAIL: $test $size B: no result: $(batch_stall_note)"
+    tail -n 5 "batch.$name.log" 2>/dev/null
     fail=1
-    return
+    continue
   fi
   echo "$test $size B: $(echo "$line" | awk '{ printf "%s us typical, %s MB/s", $3, $7 }')"
-}
-
-for test in ucp_put_lat ucp_get; do
-  for size in 8 4096 65536; do
-    run "$test" "$size" 500
-  done
-done
-run ucp_fadd 8 500
+done <cases
+if ((checked != 7)) || [[ $(cat batch.rc) != "0 0" ]]; then
+  echo "FAIL: ucx_perftest: $checked of the 7 cases checked; $(batch_stall_note)"
+  tail -n 5 server.log
+  fail=1
+fi
 [ $fail -eq 0 ] && echo "PASS: UCP ucp_put_lat, ucp_get, ucp_fadd over gmd_rc,self; RMA on gmd_rc"
 exit $fail
