@@ -218,6 +218,9 @@ ucs_status_t countMessage(void* arg, void*, size_t, unsigned) {
 // after 13-20 rounds: no completion was left to come. The time and the spread of sends per
 // endpoint are printed, never asserted.
 //
+// Open: with UCX 1.18 and 1.23 the SameDevice case stops (no request dispatched for 30 s, at round
+// 579-1990 in three runs); CrossDevice passes there, both pass with UCX 1.13. Not analysed yet.
+//
 // Not asserted yet: that the least served endpoint sends at least half as much as the most served
 // one. Over these 2,000 rounds gmd_rc does not meet it (UCX 1.13 VM: min 128-234 against max
 // 598-633 per endpoint; rc_verbs 195-258 against 282-283, bench/pending_bench.sh); over 10,000 it

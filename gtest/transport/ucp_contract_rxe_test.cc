@@ -306,9 +306,12 @@ TEST_P(UcpContract, ForceCloseCompletesEveryOutstandingRequestOnce) {
       "(%zu puts on a wired-up endpoint), %zu in place; %d endpoint error callbacks\n",
       kRounds, secs, ok, failed, puts_cut, in_place, ep_errors_);
   RecordProperty("force_close_seconds", std::to_string(secs));
-  // Puts posted to gmd_rc's QP and cut short there: their errors came from uct_ep_destroy's
-  // cancellation (16 x 256 KiB cannot all be done after at most four progress calls).
-  EXPECT_GT(puts_cut, 0u) << "no put was cut short on a wired-up endpoint: nothing was in flight";
+  // Something was cut short: at least the rendezvous sends. Puts on wired-up endpoints cut short
+  // on gmd_rc's QP (errors from uct_ep_destroy's cancellation) are printed, not asserted: with UCX
+  // 1.13 and 1.18 most were (3440-3545 of 3600), with UCX 1.23 on rxe1 -> rxe0 627, on rxe0 -> rxe0
+  // none (each completed OK before the close; why was not established).
+  EXPECT_GE(failed, static_cast<std::size_t>(kRounds) * kRndv)
+      << "fewer errors than rendezvous sends";
   // The receiver is still usable: a new endpoint, a flushed close.
   ucp_ep_h ep = connect(send_, recv_, true);
   ASSERT_NE(nullptr, ep);
