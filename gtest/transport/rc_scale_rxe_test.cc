@@ -3,16 +3,19 @@
 // share one connection to the peer iface (md/rc/rc_connect.h), so the descriptors the process holds
 // do not grow with them, every endpoint moves data, the peer's passive QPs go when the endpoints go
 // (counted with `rdma resource show`), and max_num_eps is what the device can hold. How long 512
-// endpoints take to connect, and the memory they use, is printed, never asserted.
+// endpoints take to connect, and the memory they use, is printed, never asserted. And 128 endpoints
+// to one peer iface, each kept full with a pending request, are all served in turn.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -173,6 +176,128 @@ TEST_P(GmdRcScale, FiveHundredTwelveEndpointsShareOneConnection) {
   uct_rkey_release(comp_, &rkey);
   uct_md_mem_dereg(init_.md, lmemh);
   uct_md_mem_dereg(target_.md, rmemh);
+}
+
+// --- Pending requests on many endpoints
+
+constexpr std::uint8_t kAmId = 6;
+constexpr std::size_t kPendingEps = 128;
+// Rounds: 10,000 took 31.6 s in the soft-RoCE VM (UCX 1.13) for one parameter; 2,000 took 3.6-5.1 s
+// (CrossDevice) and 6.7-8.4 s (SameDevice), the two cases 17 s with their set-up.
+// bench/pending_bench.sh runs the full 10,000 beside rc_verbs.
+constexpr int kPendingRounds = 2000;
+
+// A pending request that keeps its endpoint full: dispatched, it sends one am_short and, sent,
+// stays queued (UCS_INPROGRESS: progress made, keep it, go on); refused, it stays and the endpoint
+// waits for its next turn (UCS_ERR_NO_RESOURCE).
+struct Repeater {
+  uct_pending_req_t uct;  // first: the callback casts back
+  uct_ep_h ep = nullptr;
+  std::uint64_t sent = 0;
+  std::uint64_t* total = nullptr;
+};
+
+ucs_status_t repeat(uct_pending_req_t* self) {
+  auto* r = reinterpret_cast<Repeater*>(self);
+  const ucs_status_t st = uct_ep_am_short(r->ep, kAmId, 0, nullptr, 0);
+  if (st != UCS_OK) return st;
+  ++r->sent;
+  ++*r->total;
+  return UCS_INPROGRESS;
+}
+
+ucs_status_t countMessage(void* arg, void*, size_t, unsigned) {
+  ++*static_cast<std::uint64_t*>(arg);
+  return UCS_OK;
+}
+
+// 128 endpoints from one iface to one peer iface, each filled with am_short until refused and
+// given a Repeater; then kPendingRounds rounds, each progressing until some request sent. Every
+// round must dispatch, every endpoint must have sent something (none starves) and every message
+// must arrive. Before the send-CQ credit fix (docs/transport.md, "Unsignaled sends") this hung
+// after 13-20 rounds: no completion was left to come. The time and the spread of sends per
+// endpoint are printed, never asserted.
+//
+// Open: with UCX 1.18 and 1.23 the SameDevice case stops (no request dispatched for 30 s, at round
+// 579-1990 in three runs); CrossDevice passes there, both pass with UCX 1.13. Not analysed yet.
+//
+// Not asserted yet: that the least served endpoint sends at least half as much as the most served
+// one. Over these 2,000 rounds gmd_rc does not meet it (UCX 1.13 VM: min 128-234 against max
+// 598-633 per endpoint; rc_verbs 195-258 against 282-283, bench/pending_bench.sh); over 10,000 it
+// does (1071-1151 against 1614-1649; rc_verbs 1259-1260 against 1283). The cause is not
+// analysed: the sums by quarter of the endpoints in creation order lean only a little towards the
+// first ones (11849 10566 9605 9385), so it is not simply the order in which endpoints are woken.
+TEST_P(GmdRcScale, PendingRequestsOnEveryEndpointAreServedInTurn) {
+  std::uint64_t received = 0;
+  ASSERT_EQ(UCS_OK, uct_iface_set_am_handler(target_.iface, kAmId, countMessage, &received, 0));
+  std::vector<uct_ep_h> eps;
+  for (std::size_t i = 0; i < kPendingEps; ++i) {
+    extra_eps_.push_back(connect(init_, target_));
+    ASSERT_NE(nullptr, extra_eps_.back()) << "endpoint " << i;
+    eps.push_back(extra_eps_.back());
+  }
+  // Connected: one message each (refused while the endpoint connects).
+  for (std::size_t i = 0; i < kPendingEps; ++i) {
+    ucs_status_t st = UCS_ERR_NO_RESOURCE;
+    ASSERT_TRUE(progressUntil([&] {
+      return (st = uct_ep_am_short(eps[i], kAmId, 0, nullptr, 0)) != UCS_ERR_NO_RESOURCE;
+    }));
+    ASSERT_EQ(UCS_OK, st) << "endpoint " << i;
+  }
+  ASSERT_TRUE(progressUntil([&] { return received == kPendingEps; }));
+  // Full: every endpoint refused.
+  std::uint64_t filled = 0;
+  for (std::size_t i = 0; i < kPendingEps; ++i) {
+    ucs_status_t st;
+    for (int k = 0; (st = uct_ep_am_short(eps[i], kAmId, 0, nullptr, 0)) == UCS_OK; ++k) {
+      ++filled;
+      ASSERT_LT(k, 1 << 20) << "endpoint " << i << " never refused an am_short";
+    }
+    ASSERT_EQ(UCS_ERR_NO_RESOURCE, st) << "endpoint " << i << ": " << ucs_status_string(st);
+  }
+  std::uint64_t total = 0;
+  std::vector<Repeater> reqs(kPendingEps);
+  for (std::size_t i = 0; i < kPendingEps; ++i) {
+    reqs[i].uct.func = repeat;
+    reqs[i].ep = eps[i];
+    reqs[i].total = &total;
+    ASSERT_EQ(UCS_OK, uct_ep_pending_add(eps[i], &reqs[i].uct, 0)) << "endpoint " << i;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  int rounds = 0;
+  for (; rounds < kPendingRounds; ++rounds) {
+    const std::uint64_t before = total;
+    if (!progressUntil([&] { return total > before; }, 30)) break;
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (uct_ep_h ep : eps) uct_ep_pending_purge(ep, nullptr, nullptr);
+  ASSERT_EQ(kPendingRounds, rounds) << "no pending request was dispatched in round " << rounds
+                                    << " (" << total << " sent by pending requests)";
+  std::uint64_t lo = std::numeric_limits<std::uint64_t>::max(), hi = 0;
+  for (const Repeater& r : reqs) {
+    lo = std::min(lo, r.sent);
+    hi = std::max(hi, r.sent);
+  }
+  const std::uint64_t expected = kPendingEps + filled + total;
+  EXPECT_TRUE(progressUntil([&] { return received == expected; }))
+      << received << " of " << expected << " messages arrived";
+  std::printf(
+      "[ pending  ] %zu endpoints, %d rounds in %.2f s (%.1f s per 10,000): %llu sent by "
+      "pending requests, per endpoint min %llu max %llu; %llu before them\n",
+      kPendingEps, rounds, secs, secs * 10000 / rounds, static_cast<unsigned long long>(total),
+      static_cast<unsigned long long>(lo), static_cast<unsigned long long>(hi),
+      static_cast<unsigned long long>(filled));
+  RecordProperty("pending_rounds_seconds", std::to_string(secs));
+  RecordProperty("pending_sends_min", std::to_string(lo));
+  RecordProperty("pending_sends_max", std::to_string(hi));
+  std::uint64_t quarter[4] = {};
+  for (std::size_t i = 0; i < kPendingEps; ++i) quarter[i * 4 / kPendingEps] += reqs[i].sent;
+  std::printf(
+      "[ pending  ] sent by the endpoints in creation order, by quarter: %llu %llu %llu %llu\n",
+      static_cast<unsigned long long>(quarter[0]), static_cast<unsigned long long>(quarter[1]),
+      static_cast<unsigned long long>(quarter[2]), static_cast<unsigned long long>(quarter[3]));
+  EXPECT_GT(lo, 0u) << "an endpoint's pending request was never dispatched";
 }
 
 }  // namespace
