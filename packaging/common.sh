@@ -4,6 +4,8 @@
 GMD_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 GMD_BUILD=${GMD_BUILD:-$GMD_SRC/build}
 GMD_JOBS=${GMD_JOBS:-$(nproc)}
+# rxe tests run side by side in the soft-RoCE VM (ctest -j; tests that need the VM alone are RUN_SERIAL).
+GMD_VM_JOBS=${GMD_VM_JOBS:-1}
 
 gmd_log() { printf '\n==> %s\n' "$*"; }
 

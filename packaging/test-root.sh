@@ -46,7 +46,8 @@ if [[ $phase != build ]]; then
   [[ -x $GMD_SRC/$build/md/libuct_gmd.so ]] || { echo "$suite: no build in $build (phase build first)"; exit 1; }
   # The rxe tests: this machine's ctest starts each through run-rxe-test, whose VM runs it in the root.
   gmd_log "$suite: rxe tests in the soft-RoCE VM, inside the $suite root"
-  stage rxe env GMD_VM_ROOT="$root" ctest --test-dir "$GMD_SRC/$build" --output-on-failure -L rxe
+  stage rxe env GMD_VM_ROOT="$root" ctest --test-dir "$GMD_SRC/$build" --output-on-failure -L rxe \
+    -j "$GMD_VM_JOBS"
 
   # The Debian package of this UCX minor, installed into a clean copy of the root.
   gmd_log "$suite: Debian package (cpack), installed into a clean $suite root"

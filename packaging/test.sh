@@ -98,7 +98,7 @@ if ! gmd_have_rdma; then
     unset GMD_VM_SESSION  # each command then boots a VM of its own
 fi
 gmd_log "tests: rxe ($GMD_BUILD)"
-stage rxe ctest --test-dir "$GMD_BUILD" --output-on-failure -L rxe
+stage rxe ctest --test-dir "$GMD_BUILD" --output-on-failure -L rxe -j "$GMD_VM_JOBS"
 
 # The Debian 12 package, installed into a clean Debian 12 root.
 if [[ -n $suites ]]; then
