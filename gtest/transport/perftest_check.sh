@@ -31,21 +31,11 @@ awk '{ print $1, $5, $9 }' batch >cases
 checked=0
 while read -r name test size; do
   ((++checked))
-  line=$(batch_result "$name")
-  if [[ -z $line ]]; then
-    echo "FAIL: $test size $size ($cdev -> $sdev): no result: $(batch_stall_note)"
-    tail -n 5 "batch.$name.log" 2>/dev/null
-    fail=1
-  else
-    # Final: iters, overhead 50%ile/avg/overall (us), bandwidth avg/overall (MB/s), rate avg/overall
-    echo "$test $size B $cdev -> $sdev: $(echo "$line" | awk '{ printf "%s MB/s, %s us/op", $7, $5 }')"
-  fi
+  batch_case "$name" "$test size $size ($cdev -> $sdev)" || { fail=1; continue; }
+  # Final: iters, overhead 50%ile/avg/overall (us), bandwidth avg/overall (MB/s), rate avg/overall
+  echo "$test $size B $cdev -> $sdev: $(echo "$line" | awk '{ printf "%s MB/s, %s us/op", $7, $5 }')"
 done <cases
-if ((checked != 8)) || [[ $(cat batch.rc) != "0 0" ]]; then
-  echo "FAIL: ucx_perftest: $checked of the 8 UCT cases checked; $(batch_stall_note)"
-  tail -n 5 server.log
-  fail=1
-fi
+batch_done "$checked" || fail=1
 
 unset UCX_RNDV_SCHEME
 netdev_of() { rdma link show "$1" 2>/dev/null | sed -n 's/.*netdev \([^ ]*\).*/\1/p'; }

@@ -53,7 +53,6 @@ wait_for_server() {
 # address. LIMIT: seconds for the whole batch (a stall fails it). Leaves batch.rc (client and server
 # status), server.log, client.log, and per test NAME its part of the client's output in
 # batch.NAME.log (from its header line on; missing when the batch stopped before it).
-# batch_result NAME: prints its Final line; fails when the test did not finish.
 perftest_batch() {
   local port=$1 limit=$2 batch=$3
   shift 3
@@ -90,9 +89,25 @@ perftest_batch() {
        file { print > file }' client.log
 }
 
-batch_result() {
-  local f=batch.$1.log
-  [[ -f $f ]] && grep -m 1 '^Final:' "$f"
+# batch_case NAME LABEL: sets `line` to test NAME's Final line; without one prints a FAIL line for
+# LABEL (and the end of its output) and fails.
+batch_case() {
+  line=$([[ -f batch.$1.log ]] && grep -m 1 '^Final:' "batch.$1.log")
+  [[ -n $line ]] && return 0
+  echo "FAIL: $2: no result: $(batch_stall_note)"
+  grep -v ' INFO ' "batch.$1.log" 2>/dev/null | tail -n 5
+  return 1
+}
+
+# batch_done CHECKED: fails, with a FAIL line, unless CHECKED is the number of tests in the batch
+# and both sides exited 0 (the loop over the tests may not end early unseen).
+batch_done() {
+  local n
+  n=$(grep -c . batch)
+  (($1 == n)) && [[ $(cat batch.rc) == "0 0" ]] && return 0
+  echo "FAIL: ucx_perftest: $1 of the $n tests checked; $(batch_stall_note)"
+  tail -n 5 server.log
+  return 1
 }
 
 # batch_stall_note: why a test of the last batch has no result (for a FAIL line).

@@ -49,14 +49,8 @@ awk '{ print $1, $3, $5, $7, $NF }' batch >cases
 checked=0
 while read -r name test size iters mode; do
   ((++checked))
-  line=$(batch_result "$name")
   [[ $mode == *sleep* ]] && mode=sleep || mode=poll
-  if [[ -z $line ]]; then
-    echo "FAIL: $test $size B ($mode): no result: $(batch_stall_note)"
-    grep -v ' INFO ' "batch.$name.log" 2>/dev/null | tail -n 5
-    fail=1
-    continue
-  fi
+  batch_case "$name" "$test $size B ($mode)" || { fail=1; continue; }
   # Client side ep_cfg lines name the transports of each lane: only gmd_rc (and self) may appear.
   cfg=$(grep -E 'ep_cfg\[[0-9]+\]' "batch.$name.log" | sed 's/.*ep_cfg/ep_cfg/' | sort -u | tr '\n' ' ')
   ((no_ep_cfg)) && [[ -z $cfg ]] && cfg="(not printed by this UCX; ucx_info -e above)"
@@ -68,14 +62,6 @@ while read -r name test size iters mode; do
   echo "$test $size B ($mode): $(echo "$line" | awk '{ printf "%s us typical, %s MB/s", $3, $7 }')"
   [[ $test == tag_lat && $size == 8 && $mode == poll ]] && echo "    lanes: $cfg"
 done <cases
-if ((checked != 20)); then
-  echo "FAIL: $checked of the 20 cases were checked"
-  fail=1
-fi
-if [[ $(cat batch.rc) != "0 0" ]]; then
-  echo "FAIL: ucx_perftest: $(batch_stall_note)"
-  tail -n 5 server.log
-  fail=1
-fi
+batch_done "$checked" || fail=1
 [ $fail -eq 0 ] && echo "PASS: UCP tag_lat/tag_bw 8 B..8 MiB over gmd_rc,self, polling and -E sleep"
 exit $fail

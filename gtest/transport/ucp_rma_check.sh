@@ -50,19 +50,9 @@ awk '{ print $1, $3, $5 }' batch >cases
 checked=0
 while read -r name test size; do
   ((++checked))
-  line=$(batch_result "$name")
-  if [[ -z $line ]]; then
-    echo "FAIL: $test $size B: no result: $(batch_stall_note)"
-    tail -n 5 "batch.$name.log" 2>/dev/null
-    fail=1
-    continue
-  fi
+  batch_case "$name" "$test $size B" || { fail=1; continue; }
   echo "$test $size B: $(echo "$line" | awk '{ printf "%s us typical, %s MB/s", $3, $7 }')"
 done <cases
-if ((checked != 7)) || [[ $(cat batch.rc) != "0 0" ]]; then
-  echo "FAIL: ucx_perftest: $checked of the 7 cases checked; $(batch_stall_note)"
-  tail -n 5 server.log
-  fail=1
-fi
+batch_done "$checked" || fail=1
 [ $fail -eq 0 ] && echo "PASS: UCP ucp_put_lat, ucp_get, ucp_fadd over gmd_rc,self; RMA on gmd_rc"
 exit $fail
