@@ -34,6 +34,7 @@ extern "C" {
 }
 #include <ucs/memory/memtype_cache.h>
 
+#include "gtest/rxe/ucp_peer.h"
 #include "gtest/rxe/uct_fixture.h"
 #include "gtest/rxe/verbs_fixture.h"
 
@@ -57,11 +58,7 @@ void recvDone(void*, ucs_status_t status, const ucp_tag_recv_info_t*, void* user
   *static_cast<Done*>(user) = {true, status};
 }
 
-struct Peer {
-  ucp_context_h context = nullptr;
-  ucp_worker_h worker = nullptr;
-  std::vector<std::uint8_t> address;
-};
+using Peer = UcpPeer;
 
 // Claims peer memory for this command's mount namespace (the VM gives each command its own).
 bool fakePeerMemory(std::string* why) {
@@ -117,37 +114,14 @@ class UcpCudaReuse : public ::testing::Test {
         ucp_request_free(req);
       }
     }
-    for (Peer* p : {&send_, &recv_}) {
-      if (p->worker != nullptr) ucp_worker_destroy(p->worker);
-      if (p->context != nullptr) ucp_cleanup(p->context);
-    }
+    for (Peer* p : {&send_, &recv_}) closeUcpPeer(p);
   }
 
   void open(const std::string& device, Peer* peer) {
-    ucp_config_t* config = nullptr;
-    ASSERT_EQ(UCS_OK, ucp_config_read(nullptr, nullptr, &config));
-    for (const auto& [name, value] : {std::pair<const char*, const char*>{"TLS", "gmd_rc,self"},
-                                      {"NET_DEVICES", device.c_str()},
-                                      {"RNDV_THRESH", "8192"},
-                                      {"RNDV_SCHEME", "get_zcopy"}}) {
-      ASSERT_EQ(UCS_OK, ucp_config_modify(config, name, value)) << name << "=" << value;
-    }
-    ucp_params_t params{};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_TAG;
-    const ucs_status_t st = ucp_init(&params, config, &peer->context);
-    ucp_config_release(config);
-    ASSERT_EQ(UCS_OK, st) << "ucp_init on " << device;
-    ucp_worker_params_t wp{};
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-    ASSERT_EQ(UCS_OK, ucp_worker_create(peer->context, &wp, &peer->worker));
-    ucp_address_t* addr = nullptr;
-    std::size_t len = 0;
-    ASSERT_EQ(UCS_OK, ucp_worker_get_address(peer->worker, &addr, &len));
-    const auto* bytes = reinterpret_cast<const std::uint8_t*>(addr);
-    peer->address.assign(bytes, bytes + len);
-    ucp_worker_release_address(peer->worker, addr);
+    openUcpPeer(device,
+                {{{"TLS", "gmd_rc,self"}, {"RNDV_THRESH", "8192"}, {"RNDV_SCHEME", "get_zcopy"}},
+                 UCP_FEATURE_TAG},
+                peer);
   }
 
   void progress() {

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "gtest/rxe/ucp_peer.h"
 #include "gtest/rxe/uct_fixture.h"
 #include "gtest/rxe/verbs_fixture.h"
 
@@ -41,11 +42,7 @@ const bool kPluginLoaded = loadGmdPluginFirst();
 constexpr std::size_t kRndvThresh = 16384;
 constexpr auto kDeadline = std::chrono::seconds(60);
 
-struct Peer {
-  ucp_context_h context = nullptr;
-  ucp_worker_h worker = nullptr;
-  std::vector<std::uint8_t> address;
-};
+using Peer = UcpPeer;
 
 // One request's callbacks: how often it completed, and the last status.
 struct Tracked {
@@ -69,11 +66,7 @@ class UcpContract : public ::testing::TestWithParam<bool> {  // param: sender on
   }
 
   void TearDown() override {
-    for (Peer* p : {&send_, &recv_}) {
-      if (p->worker != nullptr) ucp_worker_destroy(p->worker);
-      if (p->context != nullptr) ucp_cleanup(p->context);
-      *p = Peer{};
-    }
+    for (Peer* p : {&send_, &recv_}) closeUcpPeer(p);
   }
 
   void openBoth(std::uint64_t features, std::size_t am_alignment = 0) {
@@ -83,34 +76,11 @@ class UcpContract : public ::testing::TestWithParam<bool> {  // param: sender on
 
   void open(const std::string& device, std::uint64_t features, std::size_t am_alignment,
             Peer* peer) {
-    ucp_config_t* config = nullptr;
-    ASSERT_EQ(UCS_OK, ucp_config_read(nullptr, nullptr, &config));
-    const std::string thresh = std::to_string(kRndvThresh);
-    for (const auto& [name, value] : {std::pair<const char*, const char*>{"TLS", "gmd_rc,self"},
-                                      {"NET_DEVICES", device.c_str()},
-                                      {"RNDV_THRESH", thresh.c_str()}}) {
-      ASSERT_EQ(UCS_OK, ucp_config_modify(config, name, value)) << name << "=" << value;
-    }
-    ucp_params_t params{};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = features;
-    const ucs_status_t st = ucp_init(&params, config, &peer->context);
-    ucp_config_release(config);
-    ASSERT_EQ(UCS_OK, st) << "ucp_init on " << device;
-    ucp_worker_params_t wp{};
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-    if (am_alignment != 0) {
-      wp.field_mask |= UCP_WORKER_PARAM_FIELD_AM_ALIGNMENT;
-      wp.am_alignment = am_alignment;
-    }
-    ASSERT_EQ(UCS_OK, ucp_worker_create(peer->context, &wp, &peer->worker));
-    ucp_address_t* addr = nullptr;
-    std::size_t len = 0;
-    ASSERT_EQ(UCS_OK, ucp_worker_get_address(peer->worker, &addr, &len));
-    const auto* bytes = reinterpret_cast<const std::uint8_t*>(addr);
-    peer->address.assign(bytes, bytes + len);
-    ucp_worker_release_address(peer->worker, addr);
+    openUcpPeer(device,
+                {{{"TLS", "gmd_rc,self"}, {"RNDV_THRESH", std::to_string(kRndvThresh)}},
+                 features,
+                 am_alignment},
+                peer);
   }
 
   ucp_ep_h connect(const Peer& from, const Peer& to, bool peer_errors) {

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "gtest/rxe/ucp_peer.h"
 #include "gtest/rxe/uct_fixture.h"
 #include "gtest/rxe/verbs_fixture.h"
 
@@ -66,11 +67,7 @@ void recvDone(void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void*
 }
 
 // A UCP context and worker on one device, gmd_rc and self only.
-struct Peer {
-  ucp_context_h context = nullptr;
-  ucp_worker_h worker = nullptr;
-  std::vector<std::uint8_t> address;
-};
+using Peer = UcpPeer;
 
 class UcpUnexpected : public ::testing::TestWithParam<bool> {  // param: sender on another device
  protected:
@@ -104,38 +101,14 @@ class UcpUnexpected : public ::testing::TestWithParam<bool> {  // param: sender 
       }
       *ep = nullptr;
     }
-    for (Peer* p : {&send_, &recv_}) {
-      if (p->worker != nullptr) ucp_worker_destroy(p->worker);
-      if (p->context != nullptr) ucp_cleanup(p->context);
-      *p = Peer{};
-    }
+    for (Peer* p : {&send_, &recv_}) closeUcpPeer(p);
   }
 
   void open(const std::string& device, Peer* peer) {
-    ucp_config_t* config = nullptr;
-    ASSERT_EQ(UCS_OK, ucp_config_read(nullptr, nullptr, &config));
-    const std::string thresh = std::to_string(kRndvThresh);
-    for (const auto& [name, value] : {std::pair<const char*, const char*>{"TLS", "gmd_rc,self"},
-                                      {"NET_DEVICES", device.c_str()},
-                                      {"RNDV_THRESH", thresh.c_str()}}) {
-      ASSERT_EQ(UCS_OK, ucp_config_modify(config, name, value)) << name << "=" << value;
-    }
-    ucp_params_t params{};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_TAG;
-    const ucs_status_t st = ucp_init(&params, config, &peer->context);
-    ucp_config_release(config);
-    ASSERT_EQ(UCS_OK, st) << "ucp_init on " << device;
-    ucp_worker_params_t wp{};
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-    ASSERT_EQ(UCS_OK, ucp_worker_create(peer->context, &wp, &peer->worker));
-    ucp_address_t* addr = nullptr;
-    std::size_t len = 0;
-    ASSERT_EQ(UCS_OK, ucp_worker_get_address(peer->worker, &addr, &len));
-    const auto* bytes = reinterpret_cast<const std::uint8_t*>(addr);
-    peer->address.assign(bytes, bytes + len);
-    ucp_worker_release_address(peer->worker, addr);
+    openUcpPeer(device,
+                {{{"TLS", "gmd_rc,self"}, {"RNDV_THRESH", std::to_string(kRndvThresh)}},
+                 UCP_FEATURE_TAG},
+                peer);
   }
 
   ucp_ep_h connect(const Peer& from, const Peer& to) {

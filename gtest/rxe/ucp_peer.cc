@@ -1,0 +1,45 @@
+#include "gtest/rxe/ucp_peer.h"
+
+#include <gtest/gtest.h>
+
+namespace gmd::test {
+
+void openUcpPeer(const std::string& device, const UcpPeerOptions& options, UcpPeer* peer) {
+  ucp_config_t* config = nullptr;
+  ASSERT_EQ(UCS_OK, ucp_config_read(nullptr, nullptr, &config));
+  std::vector<std::pair<std::string, std::string>> values = options.config;
+  values.emplace_back("NET_DEVICES", device);
+  for (const auto& [name, value] : values) {
+    const ucs_status_t st = ucp_config_modify(config, name.c_str(), value.c_str());
+    if (st != UCS_OK) ucp_config_release(config);
+    ASSERT_EQ(UCS_OK, st) << name << "=" << value;
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = options.features;
+  const ucs_status_t st = ucp_init(&params, config, &peer->context);
+  ucp_config_release(config);
+  ASSERT_EQ(UCS_OK, st) << "ucp_init on " << device;
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  if (options.am_alignment != 0) {
+    wp.field_mask |= UCP_WORKER_PARAM_FIELD_AM_ALIGNMENT;
+    wp.am_alignment = options.am_alignment;
+  }
+  ASSERT_EQ(UCS_OK, ucp_worker_create(peer->context, &wp, &peer->worker)) << "on " << device;
+  ucp_address_t* addr = nullptr;
+  std::size_t len = 0;
+  ASSERT_EQ(UCS_OK, ucp_worker_get_address(peer->worker, &addr, &len));
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(addr);
+  peer->address.assign(bytes, bytes + len);
+  ucp_worker_release_address(peer->worker, addr);
+}
+
+void closeUcpPeer(UcpPeer* peer) {
+  if (peer->worker != nullptr) ucp_worker_destroy(peer->worker);
+  if (peer->context != nullptr) ucp_cleanup(peer->context);
+  *peer = UcpPeer{};
+}
+
+}  // namespace gmd::test

@@ -1,0 +1,36 @@
+// One UCP context with one worker on one RDMA device, for the UCP-level rxe tests (two of them in one
+// process stand for two hosts: a sender and a receiver on rxe1 and rxe0 in the soft-RoCE VM).
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gmd::test {
+
+struct UcpPeer {
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  std::vector<std::uint8_t> address;  // the worker's, for ucp_ep_create on the other side
+};
+
+struct UcpPeerOptions {
+  // UCX configuration values beside NET_DEVICES (the device given to openUcpPeer), e.g. {"TLS",
+  // "gmd_rc,self"}.
+  std::vector<std::pair<std::string, std::string>> config;
+  std::uint64_t features = UCP_FEATURE_TAG;
+  std::size_t am_alignment = 0;  // 0: the worker's default
+};
+
+// Opens `peer` (context, single-threaded worker, address) on `device` ("rxe0:1"). Fails the calling
+// test with the step that failed; call it through ASSERT_NO_FATAL_FAILURE.
+void openUcpPeer(const std::string& device, const UcpPeerOptions& options, UcpPeer* peer);
+
+// Destroys the worker and the context (either may be absent) and empties `peer`.
+void closeUcpPeer(UcpPeer* peer);
+
+}  // namespace gmd::test
