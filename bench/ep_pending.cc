@@ -17,7 +17,6 @@
 // request sent, filled: messages sent before the requests were queued. Every message is waited for
 // at the server before the endpoints go. Exit status 0 on success, 1 with a message on stderr
 // otherwise (also when a round makes no progress within 60 s). Single-threaded.
-#include <ucs/async/async_fwd.h>
 #include <uct/api/uct.h>
 
 #include <algorithm>
@@ -35,9 +34,11 @@ namespace {
 
 using gmd::bench::connectPair;
 using gmd::bench::die;
-using gmd::bench::openSide;
+using gmd::bench::closeTwoIfaces;
+using gmd::bench::openTwoIfaces;
 using gmd::bench::Pair;
 using gmd::bench::Side;
+using gmd::bench::TwoIfaces;
 
 constexpr std::uint8_t kAmId = 6;
 constexpr double kRoundTimeoutSecs = 60;
@@ -89,15 +90,11 @@ int main(int argc, char** argv) {
   const std::size_t n = argc >= 5 ? std::strtoul(argv[4], nullptr, 10) : 16;
   const long rounds = argc >= 6 ? std::strtol(argv[5], nullptr, 10) : 10000;
   if (n == 0 || rounds <= 0) die("EPS and ROUNDS must be positive");
-  ucs_async_context_t* async = nullptr;
-  ucs_status_t st = ucs_async_context_create(UCS_ASYNC_MODE_THREAD_SPINLOCK, &async);
-  if (st != UCS_OK) die("ucs_async_context_create", st);
-  uct_worker_h worker = nullptr;
-  if ((st = uct_worker_create(async, UCS_THREAD_MODE_SINGLE, &worker)) != UCS_OK) {
-    die("uct_worker_create", st);
-  }
-  Side server = openSide(worker, tl, argv[2]);
-  Side client = openSide(worker, tl, argv[3]);
+  TwoIfaces uct = openTwoIfaces(tl, argv[2], argv[3]);
+  uct_worker_h worker = uct.worker;
+  const Side& server = uct.server;
+  const Side& client = uct.client;
+  ucs_status_t st = UCS_OK;
   st = uct_iface_set_am_handler(server.iface, kAmId, onMessage, nullptr, 0);
   if (st != UCS_OK) die("uct_iface_set_am_handler", st);
   if (!(client.attr.cap.flags & UCT_IFACE_FLAG_PENDING)) die(std::string(tl) + " has no pending");
@@ -168,11 +165,6 @@ int main(int argc, char** argv) {
       if (ep != nullptr) uct_ep_destroy(ep);
     }
   }
-  for (Side* s : {&client, &server}) {
-    uct_iface_close(s->iface);
-    uct_md_close(s->md);
-  }
-  uct_worker_destroy(worker);
-  ucs_async_context_destroy(async);
+  closeTwoIfaces(&uct);
   return 0;
 }

@@ -23,7 +23,6 @@
 // UCS_THREAD_MODE_SINGLE and only main() touches it.
 #include <fcntl.h>
 #include <sys/resource.h>
-#include <ucs/async/async_fwd.h>
 #include <uct/api/uct.h>
 #include <unistd.h>
 
@@ -40,9 +39,11 @@ namespace {
 
 using gmd::bench::connectPair;
 using gmd::bench::die;
-using gmd::bench::openSide;
+using gmd::bench::closeTwoIfaces;
+using gmd::bench::openTwoIfaces;
 using gmd::bench::Pair;
 using gmd::bench::Side;
+using gmd::bench::TwoIfaces;
 
 constexpr std::uint8_t kAmId = 5;
 constexpr std::size_t kDefaultEps = 512;
@@ -141,15 +142,11 @@ int main(int argc, char** argv) {
   const char* tl = argv[1];
   const std::size_t n = argc == 5 ? std::strtoul(argv[4], nullptr, 10) : kDefaultEps;
   if (n == 0) die("N must be positive");
-  ucs_async_context_t* async = nullptr;
-  ucs_status_t st = ucs_async_context_create(UCS_ASYNC_MODE_THREAD_SPINLOCK, &async);
-  if (st != UCS_OK) die("ucs_async_context_create", st);
-  uct_worker_h worker = nullptr;
-  if ((st = uct_worker_create(async, UCS_THREAD_MODE_SINGLE, &worker)) != UCS_OK) {
-    die("uct_worker_create", st);
-  }
-  Side server = openSide(worker, tl, argv[2]);
-  Side client = openSide(worker, tl, argv[3]);
+  TwoIfaces uct = openTwoIfaces(tl, argv[2], argv[3]);
+  uct_worker_h worker = uct.worker;
+  Side& server = uct.server;
+  Side& client = uct.client;
+  ucs_status_t st = UCS_OK;
   st = uct_iface_set_am_handler(server.iface, kAmId, onMessage, nullptr, 0);
   if (st != UCS_OK) die("uct_iface_set_am_handler", st);
   if (client.attr.max_num_eps < n + 1) {
@@ -188,11 +185,6 @@ int main(int argc, char** argv) {
 
   for (const Pair& p : pairs) bench.close(p);
   bench.close(first);
-  for (Side* s : {&client, &server}) {
-    uct_iface_close(s->iface);
-    uct_md_close(s->md);
-  }
-  uct_worker_destroy(worker);
-  ucs_async_context_destroy(async);
+  closeTwoIfaces(&uct);
   return 0;
 }

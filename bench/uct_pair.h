@@ -6,6 +6,7 @@
 #pragma once
 
 #include <errno.h>
+#include <ucs/async/async_fwd.h>
 #include <ucs/type/status.h>
 #include <uct/api/uct.h>
 
@@ -98,6 +99,35 @@ inline Side openSide(uct_worker_h worker, const char* tl, const char* dev) {
   }
   uct_iface_progress_enable(s.iface, UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
   return s;
+}
+
+// One single-threaded UCT worker on an async context of its own, with `tl`'s iface on a server and on
+// a client device (the same device twice is allowed); closeTwoIfaces undoes it.
+struct TwoIfaces {
+  ucs_async_context_t* async = nullptr;
+  uct_worker_h worker = nullptr;
+  Side server, client;
+};
+
+inline TwoIfaces openTwoIfaces(const char* tl, const char* server_dev, const char* client_dev) {
+  TwoIfaces b;
+  ucs_status_t st = ucs_async_context_create(UCS_ASYNC_MODE_THREAD_SPINLOCK, &b.async);
+  if (st != UCS_OK) die("ucs_async_context_create", st);
+  if ((st = uct_worker_create(b.async, UCS_THREAD_MODE_SINGLE, &b.worker)) != UCS_OK) {
+    die("uct_worker_create", st);
+  }
+  b.server = openSide(b.worker, tl, server_dev);
+  b.client = openSide(b.worker, tl, client_dev);
+  return b;
+}
+
+inline void closeTwoIfaces(TwoIfaces* b) {
+  for (Side* s : {&b->client, &b->server}) {
+    uct_iface_close(s->iface);
+    uct_md_close(s->md);
+  }
+  uct_worker_destroy(b->worker);
+  ucs_async_context_destroy(b->async);
 }
 
 // The endpoints of one connection: the client's, and for connect-to-ep transports the server's.
