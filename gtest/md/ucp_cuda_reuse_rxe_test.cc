@@ -93,10 +93,8 @@ class UcpCudaReuse : public ::testing::Test {
     open(devs.front() + ":1", &recv_);
     open(devs.back() + ":1", &send_);
     if (HasFatalFailure()) return;
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    ep.address = reinterpret_cast<const ucp_address_t*>(recv_.address.data());
-    ASSERT_EQ(UCS_OK, ucp_ep_create(send_.worker, &ep, &ep_));
+    ep_ = connectUcpPeer(send_, recv_);
+    ASSERT_NE(nullptr, ep_);
   }
 
   void TearDown() override {

@@ -36,6 +36,21 @@ void openUcpPeer(const std::string& device, const UcpPeerOptions& options, UcpPe
   ucp_worker_release_address(peer->worker, addr);
 }
 
+ucp_ep_h connectUcpPeer(const UcpPeer& from, const UcpPeer& to, const ucp_err_handler_t* on_error) {
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+  ep.address = reinterpret_cast<const ucp_address_t*>(to.address.data());
+  if (on_error != nullptr) {
+    ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler = *on_error;
+  }
+  ucp_ep_h h = nullptr;
+  const ucs_status_t st = ucp_ep_create(from.worker, &ep, &h);
+  EXPECT_EQ(UCS_OK, st) << "ucp_ep_create: " << ucs_status_string(st);
+  return st == UCS_OK ? h : nullptr;
+}
+
 void closeUcpPeer(UcpPeer* peer) {
   if (peer->worker != nullptr) ucp_worker_destroy(peer->worker);
   if (peer->context != nullptr) ucp_cleanup(peer->context);

@@ -30,6 +30,11 @@ struct UcpPeerOptions {
 // test with the step that failed; call it through ASSERT_NO_FATAL_FAILURE.
 void openUcpPeer(const std::string& device, const UcpPeerOptions& options, UcpPeer* peer);
 
+// An endpoint from `from`'s worker to `to`'s; with `on_error`, in peer error-handling mode
+// (UCP_ERR_HANDLING_MODE_PEER) calling it. nullptr after a failed test expectation.
+ucp_ep_h connectUcpPeer(const UcpPeer& from, const UcpPeer& to,
+                        const ucp_err_handler_t* on_error = nullptr);
+
 // Destroys the worker and the context (either may be absent) and empties `peer`.
 void closeUcpPeer(UcpPeer* peer);
 

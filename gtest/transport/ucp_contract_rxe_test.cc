@@ -84,19 +84,10 @@ class UcpContract : public ::testing::TestWithParam<bool> {  // param: sender on
   }
 
   ucp_ep_h connect(const Peer& from, const Peer& to, bool peer_errors) {
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    ep.address = reinterpret_cast<const ucp_address_t*>(to.address.data());
-    if (peer_errors) {
-      ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-      ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) { ++*static_cast<int*>(arg); };
-      ep.err_handler.arg = &ep_errors_;
-    }
-    ucp_ep_h h = nullptr;
-    const ucs_status_t st = ucp_ep_create(from.worker, &ep, &h);
-    EXPECT_EQ(UCS_OK, st) << "ucp_ep_create over gmd_rc,self: " << ucs_status_string(st);
-    return st == UCS_OK ? h : nullptr;
+    ucp_err_handler_t on_error{};
+    on_error.cb = [](void* arg, ucp_ep_h, ucs_status_t) { ++*static_cast<int*>(arg); };
+    on_error.arg = &ep_errors_;
+    return connectUcpPeer(from, to, peer_errors ? &on_error : nullptr);
   }
 
   void progress() {

@@ -111,15 +111,7 @@ class UcpUnexpected : public ::testing::TestWithParam<bool> {  // param: sender 
                 peer);
   }
 
-  ucp_ep_h connect(const Peer& from, const Peer& to) {
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    ep.address = reinterpret_cast<const ucp_address_t*>(to.address.data());
-    ucp_ep_h h = nullptr;
-    const ucs_status_t st = ucp_ep_create(from.worker, &ep, &h);
-    EXPECT_EQ(UCS_OK, st) << "ucp_ep_create over gmd_rc,self: " << ucs_status_string(st);
-    return st == UCS_OK ? h : nullptr;
-  }
+  ucp_ep_h connect(const Peer& from, const Peer& to) { return connectUcpPeer(from, to); }
 
   void progress() {
     ucp_worker_progress(send_.worker);
