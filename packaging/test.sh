@@ -14,8 +14,7 @@
 #
 #   GMD_TEST_SUITES   the other releases (default "trixie sid"); empty: Debian 12 only
 #   GMD_TEST_ONLY     unit: the Debian 12 build and its unit and cuda tests, nothing else
-#   GMD_VM_JOBS       rxe tests side by side in the VM (ctest -j; default 1: the VM's two emulated
-#                     CPUs are busy with one test's processes most of the time)
+#   GMD_VM_JOBS       rxe tests side by side in the VM (ctest -j; default 1, one at a time)
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 source "$(dirname "$0")/root-env.sh"
