@@ -218,8 +218,9 @@ ucs_status_t countMessage(void* arg, void*, size_t, unsigned) {
 // after 13-20 rounds: no completion was left to come. The time and the spread of sends per
 // endpoint are printed, never asserted.
 //
-// Open: with UCX 1.18 and 1.23 the SameDevice case stops (no request dispatched for 30 s, at round
-// 579-1990 in three runs); CrossDevice passes there, both pass with UCX 1.13. Not analysed yet.
+// With UCX 1.18 and 1.23 roots the SameDevice case stopped (no request dispatched for 30 s, at round
+// 579-1990): 4096 send credits let rxe overflow its receive backlog, and every dropped packet cost a
+// QP timeout inside ibv_post_send; soft-RoCE now gets at most 256 (docs/transport.md).
 //
 // Not asserted yet: that the least served endpoint sends at least half as much as the most served
 // one. Over these 2,000 rounds gmd_rc does not meet it (UCX 1.13 VM: min 128-234 against max

@@ -19,7 +19,9 @@ ucs_config_field_t kIfaceConfigTable[] = {
     {"", "", nullptr, offsetof(IfaceConfig, super), UCS_CONFIG_TYPE_TABLE(uct_iface_config_table)},
     {"TX_QUEUE_LEN", "256", "Work requests in flight per endpoint (send queue length of its QP).",
      offsetof(IfaceConfig, tx_queue_len), UCS_CONFIG_TYPE_UINT},
-    {"TX_CQ_LEN", "4096", "Work requests in flight per iface (length of its completion queue).",
+    {"TX_CQ_LEN", "4096",
+     "Work requests in flight per iface (length of its completion queue; at most 256 on\n"
+     "soft-RoCE, whose receive backlog drops what a longer burst brings).",
      offsetof(IfaceConfig, tx_cq_len), UCS_CONFIG_TYPE_UINT},
     {"MAX_IOV", "8", "Maximal number of iov entries of one put/get (capped by the device).",
      offsetof(IfaceConfig, max_iov), UCS_CONFIG_TYPE_UINT},
@@ -85,6 +87,10 @@ constexpr std::uint32_t kSoftRoceVendorId = 0xffffff;
 // READ response bytes one QP may have in flight on soft-RoCE: 256 packets at a 1 KiB MTU, a quarter
 // of Linux's default receive backlog of 1000 packets per CPU.
 constexpr std::size_t kSoftRoceReadBytesInFlight = 256 * 1024;
+// Work requests one iface may have in flight on soft-RoCE: a quarter of that backlog as well. rxe
+// runs a user QP's requester in the ibv_post_send call, which emits every queued send back to back;
+// on one device the responder's packets and ACKs of all the iface's QPs share the backlog.
+constexpr unsigned kSoftRoceSendsInFlight = 256;
 
 }  // namespace
 
@@ -249,6 +255,11 @@ ucs_status_t deriveLimits(const IfaceConfig& config, const ibv_device_attr& dev,
     l.max_read = config.max_read;  // validated: at most max_msg
   }
   l.cq_len = std::min<unsigned>(config.tx_cq_len, static_cast<unsigned>(std::max(dev.max_cqe, 1)));
+  // Soft-RoCE drops what overflows the receive backlog, and each drop costs a QP timeout (see
+  // defaultReadSize): 128 endpoints to one iface on the same rxe device, 4096 am_short in flight,
+  // stalled for the timeouts, up to 30 s in one ibv_post_send, until endpoints failed with "transport
+  // retry counter exceeded".
+  if (dev.vendor_id == kSoftRoceVendorId) l.cq_len = std::min(l.cq_len, kSoftRoceSendsInFlight);
   l.rx_queue_len = config.rx_queue_len;  // validated: within the device's limits
   l.seg_size = config.seg_size;
   l.fc_wnd = config.fc_wnd_size;
