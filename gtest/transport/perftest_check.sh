@@ -1,7 +1,7 @@
 #!/bin/bash
 # ucx_perftest over gmd_rc, server and client as two processes. The client runs on the second RDMA
 # device when there is one (rxe1 -> rxe0 in the soft-RoCE VM), else on the first.
-#  - UCT: put_bw and get with zero-copy at several sizes up to 8 MiB (all in one server/client pair).
+#  - UCT: put_bw and get with zero-copy at several sizes up to 8 MiB (one server/client pair).
 #  - UCP: tag_bw of 1 MiB and 4 MiB messages with UCX's default rendezvous scheme (get_zcopy: the
 #    receiving server RDMA-READs from the client). A hang check, not a benchmark: the messages must
 #    all arrive within a deadline that a working transport meets many times over even in the VM,
@@ -18,16 +18,19 @@ fail=0
 export LD_PRELOAD=$plugin
 # The UCT cases in one server/client pair (ucx_perftest -b, perftest_server.sh), each with a UCT
 # context and endpoint of its own.
+# batch: a line per case for ucx_perftest; cases: the same cases, for the checks below.
+: >batch
+: >cases
 for test in put_bw get; do
   for size in 4096 65536 1048576 8388608; do
     iters=$((size >= 8388608 ? 10 : size >= 1048576 ? 20 : 400))
-    echo "${test}_$size -x gmd_rc -t $test -D zcopy -s $size -n $iters -w 4"
+    echo "${test}_$size -x gmd_rc -t $test -D zcopy -s $size -n $iters -w 4" >>batch
+    echo "${test}_$size $test $size" >>cases
   done
-done >batch
+done
 perftest_batch "$port" 600 batch ucx_perftest -d "$sdev" "${mpi_off[@]}" -- \
   ucx_perftest -d "$cdev" "${mpi_off[@]}"
 port=$((port + 1))
-awk '{ print $1, $5, $9 }' batch >cases
 checked=0
 while read -r name test size; do
   ((++checked))

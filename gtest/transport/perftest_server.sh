@@ -83,7 +83,8 @@ perftest_batch() {
     src=$?
   fi
   echo "$crc $src" >batch.rc
-  # A test's part begins at its header, "+NAME----...", which ucx_perftest prints before running it (a name of 14 characters is followed by "+").
+  # A test's part begins at its header, "+NAME----...", which ucx_perftest prints before running it
+  # (a name of 14 characters is followed by "+").
   awk '/^\+[A-Za-z0-9_.]+[-+]/ { name = $0; sub(/^\+/, "", name); sub(/[-+].*/, "", name);
                                file = "batch." name ".log" }
        file { print > file }' client.log

@@ -3,9 +3,9 @@
 # device, server on the first (rxe1 -> rxe0 in the soft-RoCE VM).
 #  - ucx_info -e: the endpoint's AM (tag) and RMA_BW lanes are gmd_rc.
 #  - the lanes UCP chose between the two processes (ep_cfg at info level) are gmd_rc.
-#  - ucx_perftest tag_lat and tag_bw (one server/client pair for all of them) from 8 B (eager short) through 8 KiB (eager bcopy) and 64 KiB
-#    (eager zcopy / rendezvous) to 8 MiB (rendezvous), busy polling and with -E sleep (event-driven:
-#    the process sleeps on gmd_rc's event fd).
+#  - ucx_perftest tag_lat and tag_bw (one server/client pair for all of them) from 8 B (eager short)
+#    through 8 KiB (eager bcopy) and 64 KiB (eager zcopy / rendezvous) to 8 MiB (rendezvous), busy
+#    polling and with -E sleep (event-driven: the process sleeps on gmd_rc's event fd).
 # Every case must end with a Final line on the client, all within 600 s (a stall fails the check).
 # Usage: ucp_check.sh PATH/TO/libuct_gmd.so
 set -u
@@ -30,26 +30,29 @@ else
 fi
 
 # Every case in one server/client pair (ucx_perftest -b, perftest_server.sh): each still gets a UCP
-# context, worker and endpoint of its own. ucx_perftest goes on after a failed case and exits 0: a case
-# passes by its own Final line only.
+# context, worker and endpoint of its own. ucx_perftest goes on after a failed case and exits 0: a
+# case passes by its own Final line only.
+# batch: a line per case for ucx_perftest; cases: the same cases, for the checks below.
+: >batch
+: >cases
 for mode in poll sleep; do
   for test in tag_lat tag_bw; do
     for size in 8 8192 65536 1048576 8388608; do
       iters=$((size >= 1048576 ? 10 : 200))
-      echo "${test}_${size}_$mode -t $test -s $size -n $iters -w 2$([[ $mode == sleep ]] && echo ' -E sleep')"
+      sleep_opt=$([[ $mode == sleep ]] && echo ' -E sleep')
+      echo "${test}_${size}_$mode -t $test -s $size -n $iters -w 2$sleep_opt" >>batch
+      echo "${test}_${size}_$mode $test $size $mode" >>cases
     done
   done
-done >batch
+done
 perftest_batch "$port" 600 batch UCX_NET_DEVICES=$sdev ucx_perftest "${mpi_off[@]}" -- \
   UCX_NET_DEVICES=$cdev UCX_LOG_LEVEL=info ucx_perftest "${mpi_off[@]}"
 # UCX 1.18 and later print no ep_cfg lines at info level: there the lanes are those ucx_info -e showed
 # above, and UCX_TLS=gmd_rc,self admits no other transport between two processes.
 ucx_info -v 2>/dev/null | grep -Eiq 'version:? 1\.(1[89]|[2-9][0-9])' && no_ep_cfg=1 || no_ep_cfg=0
-awk '{ print $1, $3, $5, $7, $NF }' batch >cases
 checked=0
-while read -r name test size iters mode; do
+while read -r name test size mode; do
   ((++checked))
-  [[ $mode == *sleep* ]] && mode=sleep || mode=poll
   batch_case "$name" "$test $size B ($mode)" || { fail=1; continue; }
   # Client side ep_cfg lines name the transports of each lane: only gmd_rc (and self) may appear.
   cfg=$(grep -E 'ep_cfg\[[0-9]+\]' "batch.$name.log" | sed 's/.*ep_cfg/ep_cfg/' | sort -u | tr '\n' ' ')

@@ -36,17 +36,17 @@ fi
 
 # Every case in one server/client pair (ucx_perftest -b, perftest_server.sh), each with a UCP context,
 # worker and endpoint of its own.
-{
-  for test in ucp_put_lat ucp_get; do
-    for size in 8 4096 65536; do
-      echo "${test}_$size -t $test -s $size -n 500 -w 20"
-    done
-  done
-  echo "ucp_fadd_8 -t ucp_fadd -s 8 -n 500 -w 20"
-} >batch
+# batch: a line per case for ucx_perftest; cases: the same cases, for the checks below.
+: >batch
+: >cases
+for test_size in ucp_put_lat:8 ucp_put_lat:4096 ucp_put_lat:65536 ucp_get:8 ucp_get:4096 \
+                 ucp_get:65536 ucp_fadd:8; do
+  test=${test_size%:*} size=${test_size#*:}
+  echo "${test}_$size -t $test -s $size -n 500 -w 20" >>batch
+  echo "${test}_$size $test $size" >>cases
+done
 perftest_batch "$port" 600 batch UCX_NET_DEVICES=$sdev ucx_perftest "${mpi_off[@]}" -- \
   UCX_NET_DEVICES=$cdev ucx_perftest "${mpi_off[@]}"
-awk '{ print $1, $3, $5 }' batch >cases
 checked=0
 while read -r name test size; do
   ((++checked))
