@@ -8,8 +8,10 @@
 #    UCP error handler is called (ucx_perftest logs it) within 60 s; ucx_perftest does not stop by
 #    itself afterwards and is ended.
 #  - gmd_ucp_fault (gtest/transport/ucp_fault.cc) with tag sends and with gets: the peer killed under
-#    traffic, every request completes once (the outstanding ones with an error), the error callback
-#    runs once, then a new peer is reached from the same worker; and idle: the peer killed with
+#    traffic, every request completes once (outstanding sends with an error; outstanding gets may end
+#    OK, with the right bytes, as the target NIC can serve them before the dead process's context is
+#    gone), a request posted after the error ends with one, the error callback runs once, then a new
+#    peer is reached from the same worker; and idle: the peer killed with
 #    nothing outstanding, still reported (gmd_rc fails every endpoint whose peer closed the
 #    connection; UCP's keepalive, an active message on gmd_rc's lanes, runs every second here).
 # Every process runs under `timeout` (a hang fails the check).
