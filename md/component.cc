@@ -141,21 +141,10 @@ constexpr C makeComponent() {
 
 constinit ucx::Component g_component = makeComponent<ucx::Component>();
 
-// libuct exports that tell its release, oldest first ("1.22+" names 1.22.x after its tag too).
-struct Marker {
-  const char* symbol;
-  const char* release;
-};
-constexpr Marker kMarkers[] = {
-    {"uct_md_mkey_pack_v2", "1.13"},        {"uct_md_mem_reg_v2", "1.14"},
-    {"uct_rkey_compare", "1.16"},           {"uct_iface_fill_info_str_buf", "1.18"},
-    {"uct_rkey_unpack_v2", "1.19 to 1.21"}, {"uct_ep_put_sgl_zcopy", "1.22"},
-    {"uct_md_mem_elem_release", "1.23"},
-};
-
-// The running UCX must have the component ABI this module was built for (md/ucx_abi.h). libuct has
-// no version call, so its exports tell the generation; libucp, where the process has loaded it,
-// tells the exact release. Nothing here may need a symbol only some releases export.
+// The running UCX must have the component ABI this module was built for (md/abi/layout.h). libuct
+// has no version call, so its exports tell the minor (ucx::kReleaseMarkers); libucp, where the
+// process has loaded it, tells the exact release. Nothing here may need a symbol only some releases
+// export.
 bool runningUcxMatches(char* why, std::size_t why_len) {
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&uct_component_register), &info) == 0 ||
@@ -168,15 +157,24 @@ bool runningUcxMatches(char* why, std::size_t why_len) {
     std::snprintf(why, why_len, "cannot inspect libuct");
     return false;
   }
-  const char* seen = "older than 1.13";
-  for (const Marker& m : kMarkers) {
-    if (dlsym(uct, m.symbol) != nullptr) seen = m.release;
+  unsigned seen = 0;
+  for (const ucx::ReleaseMarker& m : ucx::kReleaseMarkers) {
+    if (dlsym(uct, m.symbol) != nullptr) seen = m.minor;
   }
-  const bool has = dlsym(uct, ucx::kAbiHas) != nullptr;
-  const bool lacks = ucx::kAbiLacks[0] == '\0' || dlsym(uct, ucx::kAbiLacks) == nullptr;
   dlclose(uct);
-  bool match = has && lacks;
-  std::snprintf(why, why_len, "the running libuct is UCX %s", seen);
+  if (seen == 0) {
+    std::snprintf(why, why_len, "the running libuct is older than UCX 1.13");
+  } else {
+    std::snprintf(why, why_len, "the running libuct is UCX 1.%u", seen);
+  }
+  bool match = seen >= ucx::kAbiMinor && seen <= ucx::kAbiLastMinor;
+  // Of how UCX can be configured, only statistics change a layout gmd mirrors: the base iface and
+  // endpoint grow a stats node (md/abi/common.h asserts 1280 bytes without). libucs exports its
+  // allocator only then.
+  if (match && dlsym(RTLD_DEFAULT, "ucs_stats_node_alloc") != nullptr) {
+    std::snprintf(why, why_len, "the running UCX is built with statistics (--enable-stats)");
+    return false;
+  }
 
   using GetVersionFn = void (*)(unsigned*, unsigned*, unsigned*);
   if (auto* get = reinterpret_cast<GetVersionFn>(dlsym(RTLD_DEFAULT, "ucp_get_version"))) {

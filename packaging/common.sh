@@ -13,7 +13,7 @@ gmd_log() { printf '\n==> %s\n' "$*"; }
 GMD_DEPS=(build-essential cmake pkg-config libucx-dev ucx-utils libibverbs-dev librdmacm-dev
           rdma-core ibverbs-utils ibverbs-providers rdmacm-utils libgtest-dev libgmock-dev
           libbenchmark-dev openmpi-bin libopenmpi-dev mpich libmpich-dev netpipe-openmpi
-          qemu-system-x86 busybox-static kmod cpio iproute2)
+          qemu-system-x86 busybox-static kmod cpio iproute2 python3-venv)
 
 gmd_install_deps() {
   local missing=()

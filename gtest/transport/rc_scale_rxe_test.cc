@@ -37,20 +37,24 @@ int openFds() {
   return n - 1;  // the directory's own
 }
 
-// The number of QPs on `dev` (all processes), from rdma resource show; -1 when it cannot tell.
+// The number of this process's QPs on `dev`, from rdma resource show; -1 when it cannot tell. Only
+// this process's: other tests' QPs come and go beside it (rxe destroys a dead process's QPs after it
+// has exited, and tests run side by side in the VM).
 long qpCount(const std::string& dev) {
-  FILE* p = popen("rdma resource show 2>/dev/null", "r");
+  FILE* p = popen("rdma resource show qp 2>/dev/null", "r");
   if (p == nullptr) return -1;
-  char line[512];
-  long n = -1;
-  const std::string key = " " + dev + ": ";
+  char line[1024];
+  long n = 0;
+  bool any = false;
+  const std::string link = "link " + dev + "/";
+  const std::string pid = " pid " + std::to_string(getpid()) + " ";
   while (std::fgets(line, sizeof(line), p) != nullptr) {
-    const char* at = std::strstr(line, key.c_str());
-    const char* qp = at != nullptr ? std::strstr(at, " qp ") : nullptr;
-    if (qp != nullptr) n = std::strtol(qp + 4, nullptr, 10);
+    any = true;
+    const std::string l = std::string(line) + " ";
+    if (l.find(link) != std::string::npos && l.find(pid) != std::string::npos) ++n;
   }
-  pclose(p);
-  return n;
+  const int rc = pclose(p);
+  return any && rc == 0 ? n : -1;
 }
 
 long residentKiB() {

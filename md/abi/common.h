@@ -1,7 +1,7 @@
-// The part of UCX's component ABI that every generation gmd mirrors shares (1.13 to 1.23, x86-64
-// and aarch64, LP64): the MD header, the transport descriptor, the interface base class and the
-// deregistration / key-packing parameters. gmd's own declarations, with UCX's layout; included by
-// the generation files md/abi/ucx_<major>_<minor>.h, never directly (md/ucx_abi.h picks one).
+// The part of UCX's component ABI that no release from 1.13 to 1.23 changed (x86-64 and aarch64,
+// LP64): the MD header, the transport descriptor, the interface base class and the deregistration /
+// key-packing parameters. gmd's own declarations, with UCX's layout; included by md/abi/layout.h
+// (what changed, release by release), never directly.
 #pragma once
 
 #include <ucs/config/parser.h>
@@ -14,9 +14,9 @@
 
 namespace gmd::ucx {
 
-struct Component;         // per generation
-struct MdOps;             // per generation
-struct IfaceInternalOps;  // per generation
+struct Component;         // md/abi/layout.h
+struct MdOps;             // md/abi/layout.h
+struct IfaceInternalOps;  // md/abi/layout.h
 
 // The component's methods that kept their signature from 1.13 to 1.23 (rkey_unpack changed
 // in 1.19).
@@ -150,7 +150,7 @@ static_assert(sizeof(BaseIface) == 1280, "UCX base iface layout");
 // the three calls that raise an event as libucm's own hooks do are exported by libucm.so.0 in every
 // generation gmd mirrors but declared only in UCX's uninstalled src/ucm/event/event.h, so gmd
 // resolves them with dlsym (md/ucm_events.cc) and works on without them. ucm_event_t's mem_type
-// member is per generation (UcmMemTypeEvent in the generation files).
+// member changed in 1.22 (UcmMemTypeEvent in md/abi/layout.h).
 inline constexpr int kUcmEventMemTypeAlloc = 1 << 20;  // UCM_EVENT_MEM_TYPE_ALLOC
 inline constexpr int kUcmEventMemTypeFree = 1 << 21;   // UCM_EVENT_MEM_TYPE_FREE
 static_assert(kUcmEventMemTypeAlloc == UCM_EVENT_MEM_TYPE_ALLOC, "libucm event bits");

@@ -6,8 +6,8 @@
 // generation's MD ops table from one, one thin adapter per signature UCX has used (overloads and
 // templates: the table's slot type picks the adapter at compile time; the implementation is a
 // template parameter, so each MD gets its own table); md/abi/edge_iface.cc does the same for each
-// transport's iface internal ops. A new generation whose slots
-// only take shapes seen before needs no change here, only its md/abi/ucx_<major>_<minor>.h.
+// transport's iface internal ops. A new release whose slots
+// only take shapes seen before needs no change here, only its lines in md/abi/layout.h.
 //
 // Thread safety: the tables are immutable after static initialisation; the adapters are as
 // thread-safe as the operations they forward to.

@@ -1,4 +1,4 @@
-// gmd_rc's and gmd_copy's iface internal ops for this build's UCX generation (md/abi/edge.h). Up to
+// gmd_rc's and gmd_copy's iface internal ops for this build's UCX release (md/abi/edge.h). Up to
 // 1.15 libuct exports a default table that both use as is; from 1.16 on each transport brings its
 // own, and UCP calls its reachability and connection checks during wireup (1.18).
 #include <ucs/debug/log_def.h>
@@ -122,6 +122,10 @@ ucs_status_t epInvalidate(uct_ep_h, const Params*) {
 // filling the struct also keeps 1.22's and 1.23's different field layouts out of this table.
 [[maybe_unused]] ucs_status_t ifaceQueryV2(uct_iface_h, void*) { return UCS_ERR_UNSUPPORTED; }
 [[maybe_unused]] ucs_status_t getDeviceEp(uct_ep_h, void**) { return UCS_ERR_UNSUPPORTED; }
+// iface_mem_element_pack (1.20 only; an MD op from 1.21): no device-side memory elements.
+[[maybe_unused]] ucs_status_t memElementPack(uct_iface_h, uct_mem_h, uct_rkey_t, void*) {
+  return UCS_ERR_UNSUPPORTED;
+}
 [[maybe_unused]] long spareSlot() { return UCS_ERR_UNSUPPORTED; }
 
 template <typename Ops, typename Checks>
@@ -136,6 +140,9 @@ constexpr Ops makeInternalOps() {
   if constexpr (requires { ops.iface_is_reachable_v2; })
     ops.iface_is_reachable_v2 = isReachableV2<Checks>;
   if constexpr (requires { ops.ep_is_connected; }) ops.ep_is_connected = isConnected<Checks>;
+  if constexpr (requires { ops.iface_mem_element_pack; }) {
+    ops.iface_mem_element_pack = memElementPack;
+  }
   if constexpr (requires { ops.ep_get_device_ep; }) ops.ep_get_device_ep = getDeviceEp;
   if constexpr (requires { ops.ep_put_sgl_zcopy; }) ops.ep_put_sgl_zcopy = spareSlot;
   if constexpr (requires { ops.ep_get_sgl_zcopy; }) ops.ep_get_sgl_zcopy = spareSlot;

@@ -44,7 +44,7 @@ struct Edge {
       if (v1.cap.flags & UCT_MD_FLAG_INVALIDATE) attr->flags |= Attr::kFlagInvalidateRma;
     }
     attr->reg_mem_types = v1.cap.reg_mem_types;
-    attr->reg_nonblock_mem_types = 0;
+    if constexpr (requires { attr->reg_nonblock_mem_types; }) attr->reg_nonblock_mem_types = 0;
     // Registrations may be cached by the caller (gmd invalidates its own on unmap and CUDA free as
     // well): UCP from 1.16 registers through its cache, and its datatype iterator takes only MDs
     // that allow it.
@@ -171,7 +171,11 @@ struct Edge {
     return Impl().detect_memory_type(md, address, length, mem_type_p);
   }
 
-  // mem_elem_pack (1.21 on, device-side memory elements): not offered.
+  // mem_elem_pack (device-side memory elements): not offered. 1.21-1.22 without, 1.23 with a
+  // release handle.
+  [[maybe_unused]] static ucs_status_t memElemPack(uct_md_h, uct_mem_h, uct_rkey_t, void*) {
+    return UCS_ERR_UNSUPPORTED;
+  }
   [[maybe_unused]] static ucs_status_t memElemPack(uct_md_h, uct_mem_h, uct_rkey_t, void*, void**) {
     return UCS_ERR_UNSUPPORTED;
   }

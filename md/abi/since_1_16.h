@@ -1,6 +1,6 @@
 // Internal parameter structs that UCX 1.16 introduced and kept unchanged up to 1.23 (its
 // uninstalled uct/api/v2/uct_v2.h): reachability, endpoint connection and remote-key comparison.
-// gmd's own declarations; included by the generation files from 1.16 on.
+// gmd's own declarations; included by md/abi/layout.h (every release; used from 1.16 on).
 #pragma once
 
 #include "md/abi/common.h"

@@ -1,0 +1,92 @@
+#!/bin/bash
+# gmd under one UCX release, with that release's own tools (ucx_info and ucx_perftest of UCX_PREFIX,
+# e.g. a pip build's, packaging/pip-ucx.sh prefix; else those on PATH). What a user of that UCX gets,
+# in short:
+#  - ucx_info -d lists component gmd with a memory domain per RDMA device and gmd_rc on each;
+#  - UCT over gmd_rc, client on the last device, server on the first (rxe1 -> rxe0): put and get
+#    zero-copy at 64 KiB and 1 MiB, AM short 8 B and bcopy 4 KiB;
+#  - UCP over gmd_rc alone (UCX_TLS=gmd_rc,self: a pip build has no verbs transport of its own, so
+#    nothing else could carry it): tag eager 8 B and 8 KiB, rendezvous 1 MiB, put and get 1 MiB.
+# gmd is loaded the way the release loads plugins: UCX_PLUGIN_PATH from 1.22 on, LD_PRELOAD before.
+# Every ucx_perftest case must end with a Final line (one server/client pair per layer, 300 s).
+# Usage: release_check.sh PATH/TO/libuct_gmd.so [UCX_PREFIX]
+set -u
+plugin=$1
+if (($# > 1)); then
+  # A wheel keeps the CUDA runtime its older releases' tools link in a libs folder beside it.
+  export PATH=$2/bin:$PATH LD_LIBRARY_PATH=$2/lib
+  for d in "$2"/../libucx_cu*.libs; do [[ -d $d ]] && LD_LIBRARY_PATH+=:$d; done
+fi
+source "$(dirname "${BASH_SOURCE[0]}")/perftest_server.sh"
+perftest_setup || exit 1
+perftest_workdir || exit 1
+fail=0
+# "# Library version: 1.15.0" from 1.14 on, "# Version 1.13.1" before.
+release=$(ucx_info -v 2>/dev/null | sed -n 's/^# \(Library version: \|Version \)//p' | head -n 1)
+[[ -n $release ]] || { echo "FAIL: ucx_info -v names no release"; exit 1; }
+minor=$(echo "$release" | cut -d. -f2)
+if ((minor >= 22)); then
+  export UCX_PLUGIN_PATH=$(dirname "$plugin")
+  how="UCX_PLUGIN_PATH"
+else
+  export LD_PRELOAD=$plugin
+  how="LD_PRELOAD"
+fi
+echo "UCX $release from $(dirname "$(command -v ucx_info)"), gmd through $how"
+
+out=$(ucx_info -d 2>&1)
+if echo "$out" | grep -q 'gmd: built for'; then
+  echo "FAIL: gmd refused this UCX: $(echo "$out" | grep -m1 'gmd: built for')"
+  exit 1
+fi
+for d in "${devs[@]}"; do
+  echo "$out" | grep -B1 'Component: gmd$' | grep -q "Memory domain: $d\$" ||
+    { echo "FAIL: ucx_info -d lists no gmd memory domain $d"; fail=1; }
+  echo "$out" | awk -v dev="$d" '/Memory domain:/ { md = $NF } /Transport:/ { tl = $NF }
+                                 /Device:/ && md == dev && tl == "gmd_rc" && index($NF, dev ":") == 1 { f = 1 }
+                                 END { exit !f }' ||
+    { echo "FAIL: ucx_info -d shows no gmd_rc on $d"; fail=1; }
+done
+((fail)) || echo "ucx_info -d: gmd memory domains and gmd_rc on ${devs[*]}"
+
+# check_batch LAYER: every case of `cases` has its Final line, and both sides exited 0.
+check_batch() {
+  local checked=0 name label
+  while read -r name label; do
+    ((++checked))
+    batch_case "$name" "$1 $label" || { fail=1; continue; }
+    echo "$1 $label: $(echo "$line" | awk '{ printf "%s MB/s, %s us", $7, $5 }')"
+  done <cases
+  batch_done "$checked" || fail=1
+}
+
+: >batch
+: >cases
+add() { echo "$1 $2" >>batch; echo "$1 $3" >>cases; }
+add uct_put_64k "-x gmd_rc -t put_bw -D zcopy -s 65536 -n 200 -w 4" "put zcopy 64 KiB"
+add uct_put_1m "-x gmd_rc -t put_bw -D zcopy -s 1048576 -n 20 -w 2" "put zcopy 1 MiB"
+add uct_get_64k "-x gmd_rc -t get -D zcopy -s 65536 -n 200 -w 4" "get zcopy 64 KiB"
+add uct_get_1m "-x gmd_rc -t get -D zcopy -s 1048576 -n 20 -w 2" "get zcopy 1 MiB"
+add uct_am_8 "-x gmd_rc -t am_lat -D short -s 8 -n 1000 -w 10" "am_lat short 8 B"
+add uct_am_4k "-x gmd_rc -t am_bw -D bcopy -s 4096 -n 1000 -w 10" "am_bw bcopy 4 KiB"
+perftest_batch 15337 300 batch ucx_perftest -d "$sdev" "${mpi_off[@]}" -- \
+  ucx_perftest -d "$cdev" "${mpi_off[@]}"
+check_batch "UCT $cdev -> $sdev"
+
+: >batch
+: >cases
+add ucp_tag_8 "-t tag_lat -s 8 -n 1000 -w 10" "tag_lat 8 B (eager short)"
+add ucp_tag_8k "-t tag_bw -s 8192 -n 500 -w 10" "tag_bw 8 KiB (eager)"
+add ucp_tag_1m "-t tag_bw -s 1048576 -n 20 -w 2" "tag_bw 1 MiB (rendezvous)"
+add ucp_put_1m "-t ucp_put_bw -s 1048576 -n 20 -w 2" "put_bw 1 MiB"
+add ucp_get_1m "-t ucp_get -s 1048576 -n 20 -w 2" "get 1 MiB"
+perftest_batch 15338 300 batch UCX_TLS=gmd_rc,self UCX_NET_DEVICES="$sdev" ucx_perftest \
+  "${mpi_off[@]}" -- UCX_TLS=gmd_rc,self UCX_NET_DEVICES="$cdev" ucx_perftest "${mpi_off[@]}"
+check_batch "UCP (gmd_rc,self)"
+
+if ((fail)); then
+  echo "FAIL: gmd under UCX $release"
+else
+  echo "PASS: gmd under UCX $release: ucx_info, UCT and UCP over gmd_rc"
+fi
+exit $fail
