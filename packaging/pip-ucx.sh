@@ -5,6 +5,8 @@
 # the wheel's libucx/ directory is a UCX prefix (bin/, include/, lib/, lib/pkgconfig/, lib/ucx/).
 #
 #   pip-ucx.sh list                   the releases .ci/run tests, one per UCX minor PyPI serves
+#   pip-ucx.sh name SPEC              its short name: pip-MINOR, -cu13 appended for a CUDA 13 build
+#                                     (gmd's build directory for it is build-NAME)
 #   pip-ucx.sh prefix SPEC            makes the environment for SPEC (e.g. libucx-cu12==1.15.0.post2)
 #                                     once, prints its UCX prefix
 #   pip-ucx.sh build SPEC DIR [ARGS]  configures and builds gmd in DIR against it (ARGS: cmake
@@ -53,6 +55,11 @@ case ${1:-} in
   list)
     printf '%s\n' "${GMD_PIP_RELEASES[@]}"
     ;;
+  name)
+    version=${2#*==} cuda=${2%%==*}
+    cuda=${cuda#libucx-}
+    echo "pip-$(echo "$version" | cut -d. -f1,2)$([[ $cuda == cu12 ]] || echo "-$cuda")"
+    ;;
   prefix)
     pip_prefix "$2"
     ;;
@@ -71,7 +78,7 @@ case ${1:-} in
       -DCMAKE_PREFIX_PATH="$prefix" "$@"
     ;;
   *)
-    echo "usage: $0 list | prefix SPEC | env SPEC | build SPEC DIR [CMAKE_ARGS...] [-- BUILD_ARGS...]" >&2
+    echo "usage: $0 list | name SPEC | prefix SPEC | env SPEC | build SPEC DIR [CMAKE_ARGS...] [-- BUILD_ARGS...]" >&2
     exit 2
     ;;
 esac

@@ -6,15 +6,19 @@
 # unstable (sid, UCX 1.23), each in a Debian root of that release, with its unit tests there
 # (packaging/test-root.sh); in one soft-RoCE VM (one boot, a run-in-vm session) or on this machine's
 # RDMA devices, everything that needs RDMA: the rxe tests and the Debian package of each release. Last,
-# a check that a gmd built for one release, loaded into another, stays out with one warning.
+# a check that a gmd built for one release, loaded into another, stays out with one warning. And for
+# each of NVIDIA's pip builds of UCX (packaging/test-pip.sh): gmd built against it with the unit tests
+# that meet UCX, the same cross-load check, and in the same VM its ucx_info, UCT and UCP over gmd_rc.
 #
 # Ends with one line per stage (result and seconds), the number of VM boots, the ten slowest tests and
 # the UCX release of each; exits non-zero when any stage fails. Each stage's output is also kept in
 # build-logs/RELEASE.STAGE.log.
 #
 #   GMD_TEST_SUITES   the other releases (default "trixie sid"); empty: Debian 12 only
+#   GMD_TEST_PIP      NVIDIA's pip builds of UCX to test against (default: packaging/pip-ucx.sh list,
+#                     one per minor 1.14-1.22); empty: none
 #   GMD_TEST_ONLY     unit: the Debian 12 build and its unit and cuda tests, nothing else
-#   GMD_VM_JOBS       rxe tests side by side in the VM (ctest -j; default 1, one at a time)
+#   GMD_VM_JOBS       rxe tests side by side in the VM (ctest -j; default 2; 1: one at a time)
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 source "$(dirname "$0")/root-env.sh"
@@ -22,6 +26,7 @@ source "$(dirname "$0")/root-env.sh"
 GMD_DEPS+=(debootstrap ninja-build)
 gmd_install_deps || exit 1
 suites=${GMD_TEST_SUITES-trixie sid}
+pips=${GMD_TEST_PIP-$("$GMD_SRC/packaging/pip-ucx.sh" list)}
 only=${GMD_TEST_ONLY:-}
 [[ -z $only || $only == unit ]] || { echo "GMD_TEST_ONLY must be empty or unit, not '$only'" >&2; exit 2; }
 
@@ -78,6 +83,14 @@ host_lane() {
     "$GMD_SRC/packaging/test-root.sh" "$suite" build
     echo $? >"$GMD_TEST_LOGS/built-$suite"
   done
+  # Then the pip releases, each with the plugins of Debian 12 and of the pip release before it loaded
+  # into its ucx_info.
+  local spec prev=()
+  for spec in $pips; do
+    "$GMD_SRC/packaging/test-pip.sh" "$spec" build "$GMD_BUILD/md/libuct_gmd.so" "${prev[@]}"
+    echo $? >"$GMD_TEST_LOGS/built-${spec//=/-}"
+    prev=("$GMD_SRC/build-$("$GMD_SRC/packaging/pip-ucx.sh" name "$spec")/md/libuct_gmd.so")
+  done
   gmd_stage bookworm asan-build gmd_build "$GMD_SRC/build-asan" -G Ninja -DGMD_ENABLE_ASAN=ON \
     -DGMD_ENABLE_UBSAN=ON -DGMD_BUILD_BENCH=OFF -- --target gmd_unit_tests &&
     gmd_stage bookworm asan-unit ctest --test-dir "$GMD_SRC/build-asan" --output-on-failure \
@@ -119,6 +132,10 @@ for suite in $suites; do
     rc=1
   fi
   plugins+=("$GMD_SRC/build-$suite/md/libuct_gmd.so")
+done
+for spec in $pips; do
+  while [[ ! -s $GMD_TEST_LOGS/built-${spec//=/-} ]] && kill -0 "$host_pid" 2>/dev/null; do sleep 1; done
+  "$GMD_SRC/packaging/test-pip.sh" "$spec" vm || rc=1
 done
 if [[ -n ${GMD_VM_SESSION:-} ]]; then
   "$GMD_SRC/gtest/rxe/run-in-vm" --session-stop "$GMD_VM_SESSION"

@@ -69,7 +69,7 @@ add uct_get_64k "-x gmd_rc -t get -D zcopy -s 65536 -n 200 -w 4" "get zcopy 64 K
 add uct_get_1m "-x gmd_rc -t get -D zcopy -s 1048576 -n 20 -w 2" "get zcopy 1 MiB"
 add uct_am_8 "-x gmd_rc -t am_lat -D short -s 8 -n 1000 -w 10" "am_lat short 8 B"
 add uct_am_4k "-x gmd_rc -t am_bw -D bcopy -s 4096 -n 1000 -w 10" "am_bw bcopy 4 KiB"
-perftest_batch 15337 300 batch ucx_perftest -d "$sdev" "${mpi_off[@]}" -- \
+perftest_batch 16337 300 batch ucx_perftest -d "$sdev" "${mpi_off[@]}" -- \
   ucx_perftest -d "$cdev" "${mpi_off[@]}"
 check_batch "UCT $cdev -> $sdev"
 
@@ -80,7 +80,7 @@ add ucp_tag_8k "-t tag_bw -s 8192 -n 500 -w 10" "tag_bw 8 KiB (eager)"
 add ucp_tag_1m "-t tag_bw -s 1048576 -n 20 -w 2" "tag_bw 1 MiB (rendezvous)"
 add ucp_put_1m "-t ucp_put_bw -s 1048576 -n 20 -w 2" "put_bw 1 MiB"
 add ucp_get_1m "-t ucp_get -s 1048576 -n 20 -w 2" "get 1 MiB"
-perftest_batch 15338 300 batch UCX_TLS=gmd_rc,self UCX_NET_DEVICES="$sdev" ucx_perftest \
+perftest_batch 16338 300 batch UCX_TLS=gmd_rc,self UCX_NET_DEVICES="$sdev" ucx_perftest \
   "${mpi_off[@]}" -- UCX_TLS=gmd_rc,self UCX_NET_DEVICES="$cdev" ucx_perftest "${mpi_off[@]}"
 check_batch "UCP (gmd_rc,self)"
 

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# packaging/test-pip.sh SPEC build|vm [PLUGIN...] — gmd against one of NVIDIA's pip builds of UCX
+# (SPEC: e.g. libucx-cu12==1.15.0.post2; packaging/pip-ucx.sh makes its environment).
+#   build: gmd built against it into build-pip-MINOR[-cu13]/ (the plugin and the unit tests that
+#          meet UCX's ABI), those unit tests with the release's own tools on PATH, and each PLUGIN
+#          (built for another release) loaded into its ucx_info: exactly one warning, nothing else
+#          changed (packaging/cross-load-check.sh);
+#   vm:    gtest/transport/release_check.sh in the soft-RoCE VM (the run-in-vm session GMD_VM_SESSION
+#          names, else a VM of its own): ucx_info, UCT and UCP over gmd_rc with the release's tools.
+# Stages are named pip-MINOR[-cu13]/NAME (packaging/test.sh's summary); exits non-zero when one fails.
+set -uo pipefail
+source "$(dirname "$0")/common.sh"
+
+spec=${1:?usage: packaging/test-pip.sh SPEC build|vm [PLUGIN...]}
+phase=${2:?usage: packaging/test-pip.sh SPEC build|vm [PLUGIN...]}
+shift 2
+release=$("$GMD_SRC/packaging/pip-ucx.sh" name "$spec")
+build=$GMD_SRC/build-$release
+# By name: the unit tests that meet UCX (gtest/CMakeLists.txt, target gmd_ucx_unit_tests).
+ucx_tests='^(gmd_md_|gmd_gpudirect_|gmd_ucm_events|gmd_transport_unit_test|gmd_copy_uc|gmd_stats_guard|rcache_ucm_test)'
+rc=0
+stage() { gmd_stage "$release" "$@" || rc=1; }
+
+t=$SECONDS
+if ! prefix=$("$GMD_SRC/packaging/pip-ucx.sh" prefix "$spec"); then
+  echo "stage $release/venv: FAIL ($((SECONDS - t)) s)" | tee -a "${GMD_STAGE_LOG:-/dev/null}"
+  exit 1
+fi
+eval "$("$GMD_SRC/packaging/pip-ucx.sh" env "$spec")"
+ucx=$(ucx_info -v | sed -n 's/^# Library version: //p')
+
+case $phase in
+  build)
+    echo "stage $release/venv: PASS ($((SECONDS - t)) s) — UCX $ucx ($spec)" |
+      tee -a "${GMD_STAGE_LOG:-/dev/null}"
+    [[ -n ${GMD_STAGE_LOG:-} ]] && echo "ucx $release $ucx" >>"$GMD_STAGE_LOG.ucx"
+    gmd_log "$release: building gmd against UCX $ucx ($spec) in $build"
+    gmd_stage "$release" build "$GMD_SRC/packaging/pip-ucx.sh" build "$spec" "$build" \
+      -DGMD_BUILD_BENCH=OFF -- --target gmd_ucx_unit_tests || exit 1
+    # Without the release's own CUDA modules (UCX_MODULES=^cu*: libucm's CUDA hooks, cuda_copy),
+    # the set-up these tests are written for. With them, libucm would hook the fake CUDA driver
+    # itself, and its x86 patcher cannot move the fake's function prologues (no verbs either way).
+    gmd_log "$release: the unit tests that meet UCX, without UCX's CUDA modules"
+    stage unit env UCX_MODULES='^cu*' ctest --test-dir "$build" --output-on-failure -j "$GMD_JOBS" \
+      -L unit -R "$ucx_tests"
+    if (($# > 0)); then
+      gmd_log "$release: gmd built for other UCX releases loaded into UCX $ucx"
+      stage cross-load "$GMD_SRC/packaging/cross-load-check.sh" --prefix "$prefix" "$@"
+    fi
+    ;;
+  vm)
+    [[ -x $build/md/libuct_gmd.so ]] || { echo "$release: no build in $build (phase build first)"; exit 1; }
+    gmd_log "$release: gmd under UCX $ucx in the soft-RoCE VM"
+    stage release ctest --test-dir "$build" --output-on-failure -L release
+    ;;
+  *)
+    echo "usage: packaging/test-pip.sh SPEC build|vm [PLUGIN...]" >&2
+    exit 2
+    ;;
+esac
+exit $rc
