@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # packaging/test-pip.sh SPEC build|vm [PLUGIN...] — gmd against one of NVIDIA's pip builds of UCX
 # (SPEC: e.g. libucx-cu12==1.15.0.post2; packaging/pip-ucx.sh makes its environment).
-#   build: gmd built against it into build-pip-MINOR[-cu13]/ (the plugin and the unit tests that
-#          meet UCX's ABI), those unit tests with the release's own tools on PATH, and each PLUGIN
+#   build: gmd built against it into build-pip-MINOR[-cu13]/ (the plugin, the unit tests that meet
+#          UCX's ABI and two rxe programs for the VM check), those unit tests with the release's own tools on PATH, and each PLUGIN
 #          (built for another release) loaded into its ucx_info: exactly one warning, nothing else
 #          changed (packaging/cross-load-check.sh);
 #   vm:    gtest/transport/release_check.sh in the soft-RoCE VM (the run-in-vm session GMD_VM_SESSION
@@ -36,13 +36,35 @@ case $phase in
     [[ -n ${GMD_STAGE_LOG:-} ]] && echo "ucx $release $ucx" >>"$GMD_STAGE_LOG.ucx"
     gmd_log "$release: building gmd against UCX $ucx ($spec) in $build"
     gmd_stage "$release" build "$GMD_SRC/packaging/pip-ucx.sh" build "$spec" "$build" \
-      -DGMD_BUILD_BENCH=OFF -- --target gmd_ucx_unit_tests || exit 1
+      -DGMD_BUILD_BENCH=OFF -- --target gmd_ucx_unit_tests gmd_transport_rxe_test \
+      gmd_ucp_unexpected_test || exit 1
     # Without the release's own CUDA modules (UCX_MODULES=^cu*: libucm's CUDA hooks, cuda_copy),
     # the set-up these tests are written for. With them, libucm would hook the fake CUDA driver
     # itself, and its x86 patcher cannot move the fake's function prologues (no verbs either way).
     gmd_log "$release: the unit tests that meet UCX, without UCX's CUDA modules"
     stage unit env UCX_MODULES='^cu*' ctest --test-dir "$build" --output-on-failure -j "$GMD_JOBS" \
       -L unit -R "$ucx_tests"
+    # Installed as the README says: from 1.22 into the release's module directory, found with
+    # nothing set; before, through LD_PRELOAD.
+    stage install bash -c '
+      set -u
+      prefix=$1 plugin=$2 minor=$3
+      libs=$prefix/lib
+      for d in "$prefix"/../libucx_cu*.libs; do [[ -d $d ]] && libs+=:$d; done
+      if ((minor >= 22)); then
+        copy=$(mktemp -d) && trap "rm -rf $copy" EXIT && cp -r "$prefix/." "$copy" &&
+          cp "$plugin" "$copy/lib/ucx/libuct_gmd.so.0" || exit 1
+        out=$(PATH=$copy/bin:$PATH LD_LIBRARY_PATH=$copy/lib:$libs ucx_info -c -f 2>&1)
+        how="installed into the module directory, nothing set"
+      else
+        out=$(LD_PRELOAD=$plugin ucx_info -c -f 2>&1)
+        how="LD_PRELOAD"
+      fi
+      if echo "$out" | grep -q "^UCX_GMD_RC_" && ! echo "$out" | grep -q "gmd: built for"; then
+        echo "PASS: gmd registered ($how)"
+      else
+        echo "FAIL: gmd not registered ($how)"; echo "$out" | grep -i gmd | head -n 5; exit 1
+      fi' _ "$prefix" "$build/md/libuct_gmd.so" "$(echo "$ucx" | cut -d. -f2)"
     if (($# > 0)); then
       gmd_log "$release: gmd built for other UCX releases loaded into UCX $ucx"
       stage cross-load "$GMD_SRC/packaging/cross-load-check.sh" --prefix "$prefix" "$@"

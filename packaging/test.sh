@@ -83,13 +83,17 @@ host_lane() {
     "$GMD_SRC/packaging/test-root.sh" "$suite" build
     echo $? >"$GMD_TEST_LOGS/built-$suite"
   done
-  # Then the pip releases, each with the plugins of Debian 12 and of the pip release before it loaded
-  # into its ucx_info.
-  local spec prev=()
+  # Then the pip releases, each with the plugins of Debian 12 and of the pip release of the minor
+  # before it loaded into its ucx_info.
+  local spec name minor last_minor="" last=() prev=()
   for spec in $pips; do
+    name=$("$GMD_SRC/packaging/pip-ucx.sh" name "$spec")
+    minor=${name#pip-}
+    minor=${minor%%-*}
+    [[ $minor != "$last_minor" ]] && prev=("${last[@]}")
     "$GMD_SRC/packaging/test-pip.sh" "$spec" build "$GMD_BUILD/md/libuct_gmd.so" "${prev[@]}"
     echo $? >"$GMD_TEST_LOGS/built-${spec//=/-}"
-    prev=("$GMD_SRC/build-$("$GMD_SRC/packaging/pip-ucx.sh" name "$spec")/md/libuct_gmd.so")
+    last=("$GMD_SRC/build-$name/md/libuct_gmd.so") last_minor=$minor
   done
   gmd_stage bookworm asan-build gmd_build "$GMD_SRC/build-asan" -G Ninja -DGMD_ENABLE_ASAN=ON \
     -DGMD_ENABLE_UBSAN=ON -DGMD_BUILD_BENCH=OFF -- --target gmd_unit_tests &&

@@ -21,7 +21,7 @@ constexpr std::uint64_t kDeviceTypes =
     UCS_BIT(UCS_MEMORY_TYPE_CUDA) | UCS_BIT(UCS_MEMORY_TYPE_CUDA_MANAGED);
 
 // Whether access_mem_types says host too (see mdQuery).
-constexpr bool kAccessHost = ucx::kAbiMinor >= 22;
+constexpr bool kAccessHost = ucx::kAbiMinor >= 19;
 
 // The memory handle of every registration: nothing is registered, but UCX wants a handle.
 char g_memh_token;
@@ -42,8 +42,9 @@ ucs_status_t mdQuery(uct_md_h, uct_md_attr_t* attr) {
   attr->cap.reg_mem_types = UCS_BIT(UCS_MEMORY_TYPE_HOST) | kDeviceTypes;
   attr->cap.detect_mem_types = kDeviceTypes;
   attr->cap.alloc_mem_types = 0;
-  // From 1.22 UCP builds a memory-type endpoint only from transports that access host memory as
-  // well (its host pass looks at access_mem_types); UCX's own cuda_copy says host there from 1.22.
+  // From 1.19 UCP builds a memory-type endpoint only from transports that access host memory as
+  // well (its host pass looks at access_mem_types); UCX's own cuda_copy says host there from 1.19
+  // (found with the pip builds of 1.19-1.21: without it UCP 1.19 has no memory-type copy lane).
   attr->cap.access_mem_types = kDeviceTypes | (kAccessHost ? UCS_BIT(UCS_MEMORY_TYPE_HOST) : 0);
   attr->reg_cost.c = 0;
   attr->reg_cost.m = 0;
