@@ -73,7 +73,7 @@ case $phase in
   vm)
     [[ -x $build/md/libuct_gmd.so ]] || { echo "$release: no build in $build (phase build first)"; exit 1; }
     gmd_log "$release: gmd under UCX $ucx in the soft-RoCE VM"
-    stage release ctest --test-dir "$build" --output-on-failure -L release
+    stage release ctest --test-dir "$build" -V -L release
     ;;
   *)
     echo "usage: packaging/test-pip.sh SPEC build|vm [PLUGIN...]" >&2

@@ -177,8 +177,8 @@ TEST_F(CopyUct, MdAttributes) {
   const std::uint64_t cuda = UCS_BIT(UCS_MEMORY_TYPE_CUDA) | UCS_BIT(UCS_MEMORY_TYPE_CUDA_MANAGED);
   EXPECT_EQ(static_cast<std::uint64_t>(UCT_MD_FLAG_REG), attr.cap.flags);
   EXPECT_EQ(UCS_BIT(UCS_MEMORY_TYPE_HOST) | cuda, attr.cap.reg_mem_types);
-  // Host too from UCX 1.22 on, whose memory-type endpoint needs it (as its cuda_copy says).
-  const std::uint64_t host_access = UCT_VERNO_MINOR >= 22 ? UCS_BIT(UCS_MEMORY_TYPE_HOST) : 0;
+  // Host too from UCX 1.19 on, whose memory-type endpoint needs it (as its cuda_copy says).
+  const std::uint64_t host_access = UCT_VERNO_MINOR >= 19 ? UCS_BIT(UCS_MEMORY_TYPE_HOST) : 0;
   EXPECT_EQ(cuda | host_access, attr.cap.access_mem_types);
   EXPECT_EQ(cuda, attr.cap.detect_mem_types);
   EXPECT_EQ(0u, attr.cap.alloc_mem_types);
