@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,19 +40,28 @@ int openFds() {
 
 // The number of this process's QPs on `dev`, from rdma resource show; -1 when it cannot tell. Only
 // this process's: other tests' QPs come and go beside it (rxe destroys a dead process's QPs after it
-// has exited, and tests run side by side in the VM).
+// has exited, and tests run side by side in the VM). The kernel names the task that created a QP,
+// and UCX's async thread creates the passive ones: any thread of this process counts.
 long qpCount(const std::string& dev) {
+  std::set<long> tasks;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(d)) {
+      if (e->d_name[0] != '.') tasks.insert(std::strtol(e->d_name, nullptr, 10));
+    }
+    closedir(d);
+  }
   FILE* p = popen("rdma resource show qp 2>/dev/null", "r");
   if (p == nullptr) return -1;
   char line[1024];
   long n = 0;
   bool any = false;
   const std::string link = "link " + dev + "/";
-  const std::string pid = " pid " + std::to_string(getpid()) + " ";
   while (std::fgets(line, sizeof(line), p) != nullptr) {
     any = true;
-    const std::string l = std::string(line) + " ";
-    if (l.find(link) != std::string::npos && l.find(pid) != std::string::npos) ++n;
+    const std::string l(line);
+    const std::size_t at = l.find(" pid ");
+    if (l.find(link) == std::string::npos || at == std::string::npos) continue;
+    if (tasks.count(std::strtol(l.c_str() + at + 5, nullptr, 10)) != 0) ++n;
   }
   const int rc = pclose(p);
   return any && rc == 0 ? n : -1;
