@@ -18,7 +18,7 @@
 #   GMD_TEST_PIP      NVIDIA's pip builds of UCX to test against (default: packaging/pip-ucx.sh list,
 #                     one per minor 1.14-1.22); empty: none
 #   GMD_TEST_ONLY     unit: the Debian 12 build and its unit and cuda tests, nothing else
-#   GMD_VM_JOBS       rxe tests side by side in the VM (ctest -j; default 2; 1: one at a time)
+#   GMD_VM_JOBS       rxe tests side by side in the VM (ctest -j; default 1, one at a time)
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 source "$(dirname "$0")/root-env.sh"
