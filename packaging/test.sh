@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The whole gmd test suite on a fresh Debian 12 machine (as root): installs what it needs, builds, runs
-# the unit and cuda tests (cuda: skipped with a reason without a GPU). Then two lanes side by side: on
-# the host, the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer and the threaded
-# ones under ThreadSanitizer, and gmd built against the UCX of Debian 13 (trixie, UCX 1.18) and Debian
-# unstable (sid, UCX 1.23), each in a Debian root of that release, with its unit tests there
-# (packaging/test-root.sh); in one soft-RoCE VM (one boot, a run-in-vm session) or on this machine's
-# RDMA devices, everything that needs RDMA: the rxe tests and the Debian package of each release. Last,
-# a check that a gmd built for one release, loaded into another, stays out with one warning. And for
-# each of NVIDIA's pip builds of UCX (packaging/test-pip.sh): gmd built against it with the unit tests
-# that meet UCX, the same cross-load check, and in the same VM its ucx_info, UCT and UCP over gmd_rc.
+# The whole gmd test suite on a fresh Debian 12 machine (as root): installs what it needs and builds
+# (the soft-RoCE VM boots meanwhile). Then two lanes side by side. On the host: the unit and cuda
+# tests (cuda: skipped with a reason without a GPU); gmd built against the UCX of Debian 13 (trixie,
+# UCX 1.18) and Debian unstable (sid, UCX 1.23), each in a Debian root of that release, with its unit
+# tests there (packaging/test-root.sh); for each of NVIDIA's pip builds of UCX (packaging/test-pip.sh)
+# gmd built against it with the unit tests that meet UCX; the unit tests again under
+# AddressSanitizer + UndefinedBehaviorSanitizer and the threaded ones under ThreadSanitizer. In one
+# soft-RoCE VM (one boot, a run-in-vm session) or on this machine's RDMA devices, everything that
+# needs RDMA: the rxe tests and the Debian package of each release, then each pip release's ucx_info,
+# UCT and UCP over gmd_rc. Last, a check that a gmd built for one release, loaded into another, stays
+# out with one warning.
 #
 # Ends with one line per stage (result and seconds), the number of VM boots, the ten slowest tests and
 # the UCX release of each; exits non-zero when any stage fails. Each stage's output is also kept in
@@ -20,6 +21,18 @@
 #   GMD_TEST_ONLY     unit: the Debian 12 build and its unit and cuda tests, nothing else
 #   GMD_VM_JOBS       rxe tests side by side in the VM (ctest -j; default 1, one at a time)
 set -uo pipefail
+# test.sh --threaded-check BUILD: every unit case that GMD_THREADED_TEST_REGEX names is in a binary
+# marked THREADED (BUILD/threaded-tests), else the ThreadSanitizer build would not build it.
+if [[ ${1:-} == --threaded-check ]]; then
+  list=$2/threaded-tests
+  regex=$(sed -n 's/^# GMD_THREADED_TEST_REGEX //p' "$list")
+  [[ -n $regex ]] || { echo "FAIL: no GMD_THREADED_TEST_REGEX in $list"; exit 1; }
+  missing=$(ctest --test-dir "$2" -N -L unit -R "$regex" | sed -n 's/^ *Test *#[0-9]*: \([^.]*\)\..*/\1/p' |
+            sort -u | grep -vxF -f <(grep -v '^#' "$list"))
+  [[ -z $missing ]] && exit 0
+  echo "FAIL: cases matching '$regex' in binaries not marked THREADED (gtest/CMakeLists.txt): $missing"
+  exit 1
+fi
 source "$(dirname "$0")/common.sh"
 source "$(dirname "$0")/root-env.sh"
 
@@ -65,10 +78,24 @@ summary() {
 }
 
 # --- builds and host tests ----------------------------------------------------------------------------
+# The soft-RoCE VM boots while Debian 12's build runs (one VM session for every release's rxe tests).
+boot_pid=""
+if [[ $only != unit ]] && ! gmd_have_rdma; then
+  export GMD_VM_SESSION=$GMD_SRC/.vm-cache/session GMD_VM_SESSION_OWNER=$$
+  gmd_stage bookworm vm-boot "$GMD_SRC/gtest/rxe/run-in-vm" --session-start "$GMD_VM_SESSION" \
+    >"$GMD_TEST_LOGS/vm-boot.out" 2>&1 &
+  boot_pid=$!
+fi
 stage build gmd_build "$GMD_BUILD" -G Ninja
-gmd_log "tests: unit, cuda ($GMD_BUILD)"
-stage unit+cuda ctest --test-dir "$GMD_BUILD" --output-on-failure -j "$GMD_JOBS" -L 'unit|cuda'
-[[ $only == unit ]] && summary
+unit_tests() {
+  gmd_log "tests: unit, cuda ($GMD_BUILD)"
+  gmd_stage bookworm unit+cuda ctest --test-dir "$GMD_BUILD" --output-on-failure -j "$GMD_JOBS" \
+    -L 'unit|cuda'
+}
+if [[ $only == unit ]]; then
+  unit_tests
+  summary
+fi
 
 # --- the rest, in two lanes side by side --------------------------------------------------------------
 # The host lane: each other Debian release's root, build and unit tests, then the sanitizer builds,
@@ -76,8 +103,17 @@ stage unit+cuda ctest --test-dir "$GMD_BUILD" --output-on-failure -j "$GMD_JOBS"
 # everything that needs RDMA, in one soft-RoCE VM for all releases (a run-in-vm session), each release
 # once its build is there. The VM leaves part of the cores idle (commands wait on each other and on the
 # network); the builds take that part. Each lane's output goes to its stage logs (build-logs/).
+# The ThreadSanitizer cases: those GMD_THREADED_TEST_REGEX names, after the check that each is built.
+tsan_unit() {
+  "$GMD_SRC/packaging/test.sh" --threaded-check "$GMD_BUILD" || return 1
+  TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} ctest --test-dir "$GMD_SRC/build-tsan" \
+    --output-on-failure -j "$GMD_JOBS" -L unit \
+    -R "$(sed -n 's/^# GMD_THREADED_TEST_REGEX //p' "$GMD_SRC/build-tsan/threaded-tests")"
+}
 host_lane() {
   local suite
+  # Debian 12's unit tests first, beside its rxe tests in the VM lane.
+  unit_tests
   # The other releases first: the VM lane waits for their builds.
   for suite in $suites; do
     "$GMD_SRC/packaging/test-root.sh" "$suite" build
@@ -99,21 +135,20 @@ host_lane() {
     -DGMD_ENABLE_UBSAN=ON -DGMD_BUILD_BENCH=OFF -- --target gmd_unit_tests &&
     gmd_stage bookworm asan-unit ctest --test-dir "$GMD_SRC/build-asan" --output-on-failure \
       -j "$GMD_JOBS" -L unit
+  # ThreadSanitizer: only the binaries marked THREADED (gtest/CMakeLists.txt) and in them the cases
+  # that run threads; first a check that no such case sits in a binary it would not build.
   gmd_stage bookworm tsan-build gmd_build "$GMD_SRC/build-tsan" -G Ninja -DGMD_ENABLE_TSAN=ON \
-    -DGMD_BUILD_BENCH=OFF -- --target gmd_unit_tests &&
-    gmd_stage bookworm tsan-unit env TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1}" \
-      ctest --test-dir "$GMD_SRC/build-tsan" --output-on-failure -j "$GMD_JOBS" -L unit \
-            -R '[Tt]hread|[Ss]tress|[Cc]oncurren'
+    -DGMD_BUILD_BENCH=OFF -- --target gmd_threaded_tests &&
+    gmd_stage bookworm tsan-unit tsan_unit
 }
-gmd_log "host lane (sanitizers; Debian 13 and unstable: roots, builds, unit tests) in the background:" \
+gmd_log "host lane (Debian 12's unit tests; Debian 13 and unstable: roots, builds, unit tests; pip builds; sanitizers) in the background:" \
   "build-logs/host-lane.log"
 host_lane >"$GMD_TEST_LOGS/host-lane.log" 2>&1 &
 host_pid=$!
 
-if ! gmd_have_rdma; then
-  export GMD_VM_SESSION=$GMD_SRC/.vm-cache/session GMD_VM_SESSION_OWNER=$$
-  stage vm-boot "$GMD_SRC/gtest/rxe/run-in-vm" --session-start "$GMD_VM_SESSION" ||
-    unset GMD_VM_SESSION  # each command then boots a VM of its own
+if [[ -n $boot_pid ]]; then
+  wait "$boot_pid" || unset GMD_VM_SESSION  # each command then boots a VM of its own
+  cat "$GMD_TEST_LOGS/vm-boot.out"
 fi
 gmd_log "tests: rxe ($GMD_BUILD)"
 stage rxe ctest --test-dir "$GMD_BUILD" --output-on-failure -L rxe -j "$GMD_VM_JOBS"

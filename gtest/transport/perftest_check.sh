@@ -23,8 +23,9 @@ export LD_PRELOAD=$plugin
 : >cases
 for test in put_bw get; do
   for size in 4096 65536 1048576 8388608; do
-    iters=$((size >= 8388608 ? 10 : size >= 1048576 ? 20 : 400))
-    echo "${test}_$size -x gmd_rc -t $test -D zcopy -s $size -n $iters -w 4" >>batch
+    iters=$((size >= 8388608 ? 4 : size >= 1048576 ? 20 : 400))
+    warm=$((size >= 8388608 ? 2 : 4))
+    echo "${test}_$size -x gmd_rc -t $test -D zcopy -s $size -n $iters -w $warm" >>batch
     echo "${test}_$size $test $size" >>cases
   done
 done
