@@ -37,7 +37,7 @@ case $phase in
     gmd_log "$release: building gmd against UCX $ucx ($spec) in $build"
     gmd_stage "$release" build "$GMD_SRC/packaging/pip-ucx.sh" build "$spec" "$build" \
       -DGMD_BUILD_BENCH=OFF -- --target gmd_ucx_unit_tests gmd_transport_rxe_test \
-      gmd_ucp_unexpected_test || exit 1
+      gmd_ucp_unexpected_test gmd_ucp_contract_test gmd_ucp_remap_test || exit 1
     # Without the release's own CUDA modules (UCX_MODULES=^cu*: libucm's CUDA hooks, cuda_copy),
     # the set-up these tests are written for. With them, libucm would hook the fake CUDA driver
     # itself, and its x86 patcher cannot move the fake's function prologues (no verbs either way).

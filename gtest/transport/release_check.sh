@@ -9,14 +9,18 @@
 #    its own, so nothing else could carry it): tag eager 8 B and 8 KiB, rendezvous 1 MiB, put and
 #    get 1 MiB;
 #  - UCT_TEST (gmd_transport_rxe_test): put/get at many sizes and every AM flavour, rxe1 -> rxe0,
-#    every byte checked; UCP_TEST (gmd_ucp_unexpected_test): tagged messages over gmd_rc,self, eager
-#    and rendezvous, every byte checked.
+#    every byte checked, and the UCT contract cases (max_short, caller errors, destroy cancelling
+#    outstanding work, AM alignment, send credits); UCP_TEST (gmd_ucp_unexpected_test): tagged
+#    messages over gmd_rc,self, eager and rendezvous, every byte checked; then each further UCP
+#    program, its CrossDevice cases: gmd_ucp_contract_test (forced closes complete every request
+#    once, AM data on the worker's alignment) and gmd_ucp_remap_test (the remap exchange: buffers
+#    unmapped and mapped again at the same addresses between rendezvous sends, every byte new).
 # Where the release's ucx_perftest cannot start at all (NVIDIA's 1.17 and 1.18 wheels: it crashes in
 # the dynamic loader, before its main, with or without gmd) that part says so and the programs carry
 # the check. gmd is loaded the way the release loads plugins: UCX_PLUGIN_PATH from 1.22 on,
 # LD_PRELOAD before. Every ucx_perftest case must end with a Final line (one server/client pair per
 # layer, 300 s).
-# Usage: release_check.sh PATH/TO/libuct_gmd.so [UCX_PREFIX [UCT_TEST UCP_TEST]]
+# Usage: release_check.sh PATH/TO/libuct_gmd.so [UCX_PREFIX [UCT_TEST UCP_TEST [UCP_PROGRAM...]]]
 set -u
 plugin=$1
 if (($# > 1)); then
@@ -120,8 +124,12 @@ if (($# >= 4)); then
     fi
   }
   run_program "UCT over gmd_rc, rxe1 -> rxe0, every byte (gmd_transport_rxe_test)" "$3" \
-    --gtest_filter='*PutAndGetMoveEveryByteAtManySizes/CrossDevice:*EveryFlavourMovesEveryByteAtEverySize/CrossDevice'
+    --gtest_filter='*PutAndGetMoveEveryByteAtManySizes/CrossDevice:*EveryFlavourMovesEveryByteAtEverySize/CrossDevice:*GmdRcContract*/CrossDevice'
   run_program "UCP over gmd_rc,self, every byte (gmd_ucp_unexpected_test)" "$4"
+  for program in "${@:5}"; do
+    run_program "UCP over gmd_rc,self ($(basename "$program"), rxe1 -> rxe0)" "$program" \
+      --gtest_filter='*CrossDevice'
+  done
 fi
 
 if ((fail)); then
