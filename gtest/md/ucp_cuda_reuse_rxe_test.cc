@@ -98,20 +98,7 @@ class UcpCudaReuse : public ::testing::Test {
   }
 
   void TearDown() override {
-    if (ep_ != nullptr) {
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      void* req = ucp_ep_close_nbx(ep_, &p);
-      if (UCS_PTR_IS_PTR(req)) {
-        const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-        while (ucp_request_check_status(req) == UCS_INPROGRESS &&
-               std::chrono::steady_clock::now() < end) {
-          progress();
-        }
-        ucp_request_free(req);
-      }
-    }
+    if (ep_ != nullptr) closeUcpEndpoint(ep_, UCP_EP_CLOSE_FLAG_FORCE, [this] { progress(); });
     for (Peer* p : {&send_, &recv_}) closeUcpPeer(p);
   }
 

@@ -51,6 +51,23 @@ ucp_ep_h connectUcpPeer(const UcpPeer& from, const UcpPeer& to, const ucp_err_ha
   return st == UCS_OK ? h : nullptr;
 }
 
+ucs_status_t closeUcpEndpoint(ucp_ep_h ep, std::uint32_t flags, const std::function<void()>& progress,
+                              std::chrono::seconds limit) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = flags;
+  void* req = ucp_ep_close_nbx(ep, &p);
+  if (!UCS_PTR_IS_PTR(req)) return UCS_PTR_STATUS(req);
+  const auto end = std::chrono::steady_clock::now() + limit;
+  ucs_status_t st;
+  while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS &&
+         std::chrono::steady_clock::now() < end) {
+    progress();
+  }
+  ucp_request_free(req);
+  return st;
+}
+
 void closeUcpPeer(UcpPeer* peer) {
   if (peer->worker != nullptr) ucp_worker_destroy(peer->worker);
   if (peer->context != nullptr) ucp_cleanup(peer->context);

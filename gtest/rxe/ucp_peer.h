@@ -4,8 +4,10 @@
 
 #include <ucp/api/ucp.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +36,12 @@ void openUcpPeer(const std::string& device, const UcpPeerOptions& options, UcpPe
 // (UCP_ERR_HANDLING_MODE_PEER) calling it. nullptr after a failed test expectation.
 ucp_ep_h connectUcpPeer(const UcpPeer& from, const UcpPeer& to,
                         const ucp_err_handler_t* on_error = nullptr);
+
+// ucp_ep_close_nbx(ep) with `flags` (e.g. UCP_EP_CLOSE_FLAG_FORCE), calling `progress` until the
+// close completes or `limit` passes. Returns the close's status: UCS_INPROGRESS when it did not
+// complete in time.
+ucs_status_t closeUcpEndpoint(ucp_ep_h ep, std::uint32_t flags, const std::function<void()>& progress,
+                              std::chrono::seconds limit = std::chrono::seconds(30));
 
 // Destroys the worker and the context (either may be absent) and empties `peer`.
 void closeUcpPeer(UcpPeer* peer);

@@ -77,18 +77,7 @@ class UcpRemap : public ::testing::TestWithParam<std::tuple<bool, const char*>> 
 
   void TearDown() override {
     if (ep_ != nullptr) {
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = HasFailure() ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-      void* req = ucp_ep_close_nbx(ep_, &p);
-      if (UCS_PTR_IS_PTR(req)) {
-        const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-        while (ucp_request_check_status(req) == UCS_INPROGRESS &&
-               std::chrono::steady_clock::now() < end) {
-          progress();
-        }
-        ucp_request_free(req);
-      }
+      closeUcpEndpoint(ep_, HasFailure() ? UCP_EP_CLOSE_FLAG_FORCE : 0, [this] { progress(); });
     }
     for (UcpPeer* p : {&send_, &recv_}) closeUcpPeer(p);
     for (void* m : {src_, dst_}) {

@@ -85,19 +85,12 @@ class UcpUnexpected : public ::testing::TestWithParam<bool> {  // param: sender 
   void TearDown() override {
     for (ucp_ep_h* ep : {&to_recv_, &to_send_}) {
       if (*ep == nullptr) continue;
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       // Flush, then close; after a failure requests may still wait for each other: no flush.
-      p.flags = HasFailure() ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-      void* req = ucp_ep_close_nbx(*ep, &p);
-      if (UCS_PTR_IS_PTR(req)) {
-        const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-        while (ucp_request_check_status(req) == UCS_INPROGRESS &&
-               std::chrono::steady_clock::now() < end) {
-          progress();
-        }
-        EXPECT_EQ(UCS_OK, ucp_request_check_status(req)) << "closing an endpoint";
-        ucp_request_free(req);
+      const bool forced = HasFailure();
+      const ucs_status_t st =
+          closeUcpEndpoint(*ep, forced ? UCP_EP_CLOSE_FLAG_FORCE : 0, [this] { progress(); });
+      if (!forced) {
+        EXPECT_EQ(UCS_OK, st) << "closing an endpoint";
       }
       *ep = nullptr;
     }
