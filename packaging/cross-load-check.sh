@@ -16,8 +16,7 @@ if [[ ${1:-} == --prefix ]]; then
   shift 2
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
-  libs=$prefix/lib
-  for d in "$prefix"/../libucx_cu*.libs; do [[ -d $d ]] && libs+=:$d; done
+  libs=$("$(dirname "${BASH_SOURCE[0]}")/pip-ucx.sh" libs "$prefix") || exit 1
   # in_ucx "VAR=value... ucx_info ...": that UCX's tool with its libraries.
   in_ucx() { env PATH="$prefix/bin:$PATH" LD_LIBRARY_PATH="$libs" bash -c "$1"; }
   ucx=$(in_ucx "ucx_info -v" | sed -n 's/^# Library version: //p')

@@ -13,6 +13,8 @@
 #                                     options, then -- and build options)
 #   pip-ucx.sh env SPEC               prints the environment that runs that UCX's tools with gmd
 #                                     (PATH, LD_LIBRARY_PATH), for eval
+#   pip-ucx.sh libs PREFIX            prints the library path of a wheel's UCX prefix: PREFIX/lib
+#                                     and the CUDA runtime folder older wheels keep beside it
 #
 # The wheel's pkg-config files name the prefix it was built in; pkg-config's --define-prefix (which
 # gmd's configure passes, PKG_CONFIG_ARGN) takes the prefix from where the .pc file lies instead.
@@ -31,6 +33,14 @@ GMD_PIP_RELEASES=(
 
 # SPEC -> its environment's directory name (libucx-cu12-1.15.0.post2).
 pip_env_dir() { echo "$GMD_PIP_CACHE/${1/==/-}"; }
+
+# PREFIX -> the library path its tools need. Older wheels' tools link the CUDA runtime the wheel
+# keeps beside the package (libucx_cu*.libs).
+pip_libs() {
+  local libs=$1/lib d
+  for d in "$1"/../libucx_cu*.libs; do [[ -d $d ]] && libs+=:$d; done
+  echo "$libs"
+}
 
 pip_prefix() {
   local spec=$1 dir
@@ -65,10 +75,11 @@ case ${1:-} in
     ;;
   env)
     prefix=$(pip_prefix "$2")
-    libs=$prefix/lib
-    # Older wheels' tools link the CUDA runtime the wheel keeps beside the package.
-    for d in "$prefix"/../libucx_cu*.libs; do [[ -d $d ]] && libs+=:$d; done
+    libs=$(pip_libs "$prefix")
     printf 'export PATH=%q:"$PATH" LD_LIBRARY_PATH=%q\n' "$prefix/bin" "$libs"
+    ;;
+  libs)
+    pip_libs "$2"
     ;;
   build)
     spec=$2 dir=$3

@@ -29,6 +29,32 @@ fi
 eval "$("$GMD_SRC/packaging/pip-ucx.sh" env "$spec")"
 ucx=$(ucx_info -v | sed -n 's/^# Library version: //p')
 
+# install_check PREFIX PLUGIN MINOR: gmd loads into that UCX as the README says (from 1.22 copied into
+# a copy of the release's module directory, nothing set; before, LD_PRELOAD): ucx_info -c lists
+# gmd's variables and no "built for" warning.
+install_check() (
+  set -u
+  local prefix=$1 plugin=$2 minor=$3 libs copy out how
+  libs=$("$GMD_SRC/packaging/pip-ucx.sh" libs "$prefix") || exit 1
+  if ((minor >= 22)); then
+    copy=$(mktemp -d) || exit 1
+    trap 'rm -rf "$copy"' EXIT
+    cp -r "$prefix/." "$copy" && cp "$plugin" "$copy/lib/ucx/libuct_gmd.so.0" || exit 1
+    out=$(PATH=$copy/bin:$PATH LD_LIBRARY_PATH=$copy/lib:$libs ucx_info -c -f 2>&1)
+    how="installed into the module directory, nothing set"
+  else
+    out=$(LD_PRELOAD=$plugin ucx_info -c -f 2>&1)
+    how="LD_PRELOAD"
+  fi
+  if echo "$out" | grep -q "^UCX_GMD_RC_" && ! echo "$out" | grep -q "gmd: built for"; then
+    echo "PASS: gmd registered ($how)"
+  else
+    echo "FAIL: gmd not registered ($how)"
+    echo "$out" | grep -i gmd | head -n 5
+    exit 1
+  fi
+)
+
 case $phase in
   build)
     echo "stage $release/venv: PASS ($((SECONDS - t)) s) — UCX $ucx ($spec)" |
@@ -46,25 +72,7 @@ case $phase in
       -L unit -R "$ucx_tests"
     # Installed as the README says: from 1.22 into the release's module directory, found with
     # nothing set; before, through LD_PRELOAD.
-    stage install bash -c '
-      set -u
-      prefix=$1 plugin=$2 minor=$3
-      libs=$prefix/lib
-      for d in "$prefix"/../libucx_cu*.libs; do [[ -d $d ]] && libs+=:$d; done
-      if ((minor >= 22)); then
-        copy=$(mktemp -d) && trap "rm -rf $copy" EXIT && cp -r "$prefix/." "$copy" &&
-          cp "$plugin" "$copy/lib/ucx/libuct_gmd.so.0" || exit 1
-        out=$(PATH=$copy/bin:$PATH LD_LIBRARY_PATH=$copy/lib:$libs ucx_info -c -f 2>&1)
-        how="installed into the module directory, nothing set"
-      else
-        out=$(LD_PRELOAD=$plugin ucx_info -c -f 2>&1)
-        how="LD_PRELOAD"
-      fi
-      if echo "$out" | grep -q "^UCX_GMD_RC_" && ! echo "$out" | grep -q "gmd: built for"; then
-        echo "PASS: gmd registered ($how)"
-      else
-        echo "FAIL: gmd not registered ($how)"; echo "$out" | grep -i gmd | head -n 5; exit 1
-      fi' _ "$prefix" "$build/md/libuct_gmd.so" "$(echo "$ucx" | cut -d. -f2)"
+    stage install install_check "$prefix" "$build/md/libuct_gmd.so" "$(echo "$ucx" | cut -d. -f2)"
     if (($# > 0)); then
       gmd_log "$release: gmd built for other UCX releases loaded into UCX $ucx"
       stage cross-load "$GMD_SRC/packaging/cross-load-check.sh" --prefix "$prefix" "$@"

@@ -25,8 +25,8 @@ set -u
 plugin=$1
 if (($# > 1)); then
   # A wheel keeps the CUDA runtime its older releases' tools link in a libs folder beside it.
-  export PATH=$2/bin:$PATH LD_LIBRARY_PATH=$2/lib
-  for d in "$2"/../libucx_cu*.libs; do [[ -d $d ]] && LD_LIBRARY_PATH+=:$d; done
+  libs=$("$(dirname "${BASH_SOURCE[0]}")/../../packaging/pip-ucx.sh" libs "$2") || exit 1
+  export PATH=$2/bin:$PATH LD_LIBRARY_PATH=$libs
 fi
 source "$(dirname "${BASH_SOURCE[0]}")/perftest_server.sh"
 perftest_setup || exit 1
