@@ -2,7 +2,8 @@
 # packaging/test-pip.sh SPEC build|vm [PLUGIN...] — gmd against one of NVIDIA's pip builds of UCX
 # (SPEC: e.g. libucx-cu12==1.15.0.post2; packaging/pip-ucx.sh makes its environment).
 #   build: gmd built against it into build-pip-MINOR[-cu13]/ (the plugin, the unit tests that meet
-#          UCX's ABI and two rxe programs for the VM check), those unit tests with the release's own tools on PATH, and each PLUGIN
+#          UCX's ABI and two rxe programs for the VM check), those unit tests with the release's own tools on PATH
+#          (without and with the release's CUDA modules: stages unit and unit-cuda), and each PLUGIN
 #          (built for another release) loaded into its ucx_info: exactly one warning, nothing else
 #          changed (packaging/cross-load-check.sh);
 #   vm:    gtest/transport/release_check.sh in the soft-RoCE VM (the run-in-vm session GMD_VM_SESSION
