@@ -2,7 +2,8 @@
 # packaging/test-pip.sh SPEC build|vm [PLUGIN...] — gmd against one of NVIDIA's pip builds of UCX
 # (SPEC: e.g. libucx-cu12==1.15.0.post2; packaging/pip-ucx.sh makes its environment).
 #   build: gmd built against it into build-pip-MINOR[-cu13]/ (the plugin, the unit tests that meet
-#          UCX's ABI and two rxe programs for the VM check), those unit tests with the release's own tools on PATH, and each PLUGIN
+#          UCX's ABI and the rxe programs of the VM check), those unit tests with the release's own tools on PATH
+#          (without and with the release's CUDA modules: stages unit and unit-cuda), and each PLUGIN
 #          (built for another release) loaded into its ucx_info: exactly one warning, nothing else
 #          changed (packaging/cross-load-check.sh);
 #   vm:    gtest/transport/release_check.sh in the soft-RoCE VM (the run-in-vm session GMD_VM_SESSION
@@ -62,14 +63,26 @@ case $phase in
     [[ -n ${GMD_STAGE_LOG:-} ]] && echo "ucx $release $ucx" >>"$GMD_STAGE_LOG.ucx"
     gmd_log "$release: building gmd against UCX $ucx ($spec) in $build"
     gmd_stage "$release" build "$GMD_SRC/packaging/pip-ucx.sh" build "$spec" "$build" \
-      -DGMD_BUILD_BENCH=OFF -- --target gmd_ucx_unit_tests gmd_transport_rxe_test \
-      gmd_ucp_unexpected_test gmd_ucp_contract_test gmd_ucp_remap_test || exit 1
-    # Without the release's own CUDA modules (UCX_MODULES=^cu*: libucm's CUDA hooks, cuda_copy),
-    # the set-up these tests are written for. With them, libucm would hook the fake CUDA driver
-    # itself, and its x86 patcher cannot move the fake's function prologues (no verbs either way).
+      -DGMD_BUILD_BENCH=OFF -- --target gmd_ucx_unit_tests gmd_ucm_events_ucx_cuda_test \
+      gmd_transport_rxe_test gmd_ucp_unexpected_test gmd_ucp_contract_test gmd_ucp_remap_test ||
+      exit 1
+    # Without the release's own CUDA modules (UCX_MODULES=^cu*: libucm's CUDA hooks, cuda_copy,
+    # cuda_ipc), the set-up these tests are written for: gmd raises libucm's memory-type events and
+    # gmd_copy is the only copy transport (no verbs either way).
     gmd_log "$release: the unit tests that meet UCX, without UCX's CUDA modules"
     stage unit env UCX_MODULES='^cu*' ctest --test-dir "$build" --output-on-failure -j "$GMD_JOBS" \
       -L unit -R "$ucx_tests"
+    # With them (the fake driver can be patched by libucm, and has what libuct_cuda calls, beside a
+    # fake NVML): the same tests but three binaries. gmd stands down where libucm_cuda is loaded,
+    # so gmd_ucm_events_test and gmd_ucm_events_dispatch_test (gmd's own events) do not apply; and
+    # gmd_copy_ucp_test loads gmd before UCP creates its memory-type cache, so gmd's CUDA hooks
+    # redirect the driver's symbols before libucm_cuda looks them up, libucm fails to patch gmd's
+    # wrappers and refuses every memory-type handler: no cache, nothing raised (docs/gpu.md, "With
+    # UCX's own CUDA modules"). gmd_ucm_events_ucx_cuda_test, loaded the other way round, checks that
+    # each CUDA allocation and free is raised once.
+    gmd_log "$release: the unit tests that meet UCX, with UCX's CUDA modules"
+    stage unit-cuda ctest --test-dir "$build" --output-on-failure -j "$GMD_JOBS" -L unit \
+      -R "$ucx_tests" -E '^(gmd_ucm_events_test|gmd_ucm_events_dispatch_test|gmd_copy_ucp_test)\.'
     # Installed as the README says: from 1.22 into the release's module directory, found with
     # nothing set; before, through LD_PRELOAD.
     stage install install_check "$prefix" "$build/md/libuct_gmd.so" "$(echo "$ucx" | cut -d. -f2)"

@@ -21,6 +21,15 @@
 //     cuEventQuery, cuEventSynchronize, cuEventDestroy(_v2), cuCtxSynchronize.
 //   contexts: cuDevicePrimaryCtxRetain/Release(_v2), cuCtxSetCurrent/GetCurrent,
 //     cuCtxPushCurrent(_v2), cuCtxPopCurrent(_v2), cuCtxGetDevice.
+//   for UCX's own CUDA transports (libuct_cuda): cuDeviceGetName, cuDeviceTotalMem_v2,
+//     cuDeviceGetUuid(_v2), cuGetErrorString/Name, cuCtxGetApiVersion, cuCtxGetId,
+//     cuDevicePrimaryCtxGetState, cuMemHostRegister(_v2)/cuMemHostUnregister (remembered, not
+//     pinned), cuMemRangeGetAttribute (managed memory, no advice), cuStreamAddCallback,
+//     cuMemRetainAllocationHandle, cuMemGetAllocationPropertiesFromHandle, cuIpcGetMemHandle (its
+//     handles cannot be opened), cuIpcOpenMemHandle_v2, cuIpcCloseMemHandle; shareable VMM handles
+//     and memory pools answer CUDA_ERROR_NOT_SUPPORTED.
+// On x86-64 the allocation and free entry points UCX's libucm patches are stubs it can patch (see
+// "Entry points that UCX's libucm patches in place" below).
 // cuGetProcAddress hands out the _v2 (and, with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, the
 // _ptds/_ptsz) implementation of a base name from the version where the real driver does.
 //
@@ -78,6 +87,7 @@
 //     reset_thread_context (the calling thread's context stack goes back to the untouched state).
 //   get: live_allocations, pointer_queries, frees, last_dmabuf_fd, last_dmabuf_flags,
 //     dmabuf_exports, arena, handles, cpu_access (0/1), arena_bytes (bytes the arena memfd holds),
+//     devices, host_registered (ranges registered with cuMemHostRegister),
 //     copies_{htod,dtoh,dtod,htoh} and bytes_{htod,dtoh,dtod,htoh} (completed copies, sync and
 //     async; managed memory counts as device), async_copies (queued on created streams), memsets,
 //     bytes_memset, sync_memops_set (successful SYNC_MEMOPS sets), streams, events (live),
@@ -122,17 +132,19 @@ using CUevent = void*;
 using CUcontext = void*;
 
 constexpr CUresult kSuccess = 0;
-constexpr CUresult kInvalidValue = 1;      // CUDA_ERROR_INVALID_VALUE
-constexpr CUresult kOutOfMemory = 2;       // CUDA_ERROR_OUT_OF_MEMORY
-constexpr CUresult kNotInitialized = 3;    // CUDA_ERROR_NOT_INITIALIZED
-constexpr CUresult kNoDevice = 100;        // CUDA_ERROR_NO_DEVICE
-constexpr CUresult kInvalidDevice = 101;   // CUDA_ERROR_INVALID_DEVICE
-constexpr CUresult kInvalidContext = 201;  // CUDA_ERROR_INVALID_CONTEXT
-constexpr CUresult kInvalidHandle = 400;   // CUDA_ERROR_INVALID_HANDLE
-constexpr CUresult kNotFound = 500;        // CUDA_ERROR_NOT_FOUND
-constexpr CUresult kNotReady = 600;        // CUDA_ERROR_NOT_READY
-constexpr CUresult kIllegalAddress = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
-constexpr CUresult kNotSupported = 801;    // CUDA_ERROR_NOT_SUPPORTED
+constexpr CUresult kInvalidValue = 1;             // CUDA_ERROR_INVALID_VALUE
+constexpr CUresult kOutOfMemory = 2;              // CUDA_ERROR_OUT_OF_MEMORY
+constexpr CUresult kNotInitialized = 3;           // CUDA_ERROR_NOT_INITIALIZED
+constexpr CUresult kNoDevice = 100;               // CUDA_ERROR_NO_DEVICE
+constexpr CUresult kInvalidDevice = 101;          // CUDA_ERROR_INVALID_DEVICE
+constexpr CUresult kInvalidContext = 201;         // CUDA_ERROR_INVALID_CONTEXT
+constexpr CUresult kInvalidHandle = 400;          // CUDA_ERROR_INVALID_HANDLE
+constexpr CUresult kNotFound = 500;               // CUDA_ERROR_NOT_FOUND
+constexpr CUresult kNotReady = 600;               // CUDA_ERROR_NOT_READY
+constexpr CUresult kIllegalAddress = 700;         // CUDA_ERROR_ILLEGAL_ADDRESS
+constexpr CUresult kHostAlreadyRegistered = 712;  // CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+constexpr CUresult kHostNotRegistered = 713;      // CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+constexpr CUresult kNotSupported = 801;           // CUDA_ERROR_NOT_SUPPORTED
 
 constexpr int kAttrContext = 1;     // CU_POINTER_ATTRIBUTE_CONTEXT
 constexpr int kAttrSyncMemops = 6;  // CU_POINTER_ATTRIBUTE_SYNC_MEMOPS
@@ -157,8 +169,10 @@ struct Handle {
   int mappings = 0;
   bool released = false;
   int device = 0;
-  int fd = -1;            // the handle's "physical" pages
-  char* alias = nullptr;  // read-write view of them, for the fake's own copies
+  int requested_types = 0;  // CUmemAllocationProp.requestedHandleTypes at cuMemCreate
+  int retains = 0;          // cuMemRetainAllocationHandle references not yet released
+  int fd = -1;              // the handle's "physical" pages
+  char* alias = nullptr;    // read-write view of them, for the fake's own copies
 };
 
 // Guards everything below up to the controls; never held while waiting for a stream.
@@ -171,6 +185,7 @@ std::map<std::uintptr_t, std::size_t> g_free;      // free VA: start -> size
 std::map<std::uintptr_t, Alloc> g_allocs;          // live allocations and mappings
 std::map<std::uintptr_t, std::size_t> g_reserved;  // cuMemAddressReserve ranges
 std::map<CUhandle, Handle> g_handles;
+std::map<std::uintptr_t, std::size_t> g_host_registered;  // cuMemHostRegister: start -> size
 std::uint64_t g_next_id = 1000;
 CUhandle g_next_handle = 1;
 
@@ -347,6 +362,14 @@ std::map<std::uintptr_t, Alloc>::iterator findAlloc(CUdeviceptr ptr) noexcept {
   return ptr < it->first + it->second.size ? it : g_allocs.end();
 }
 
+// Caller holds g_mu. Whether ptr lies in host memory registered with cuMemHostRegister.
+bool hostRegistered(std::uintptr_t ptr) noexcept {
+  auto it = g_host_registered.upper_bound(ptr);
+  if (it == g_host_registered.begin()) return false;
+  --it;
+  return ptr < it->first + it->second;
+}
+
 // ---- Contexts: per-thread stacks of tokens (device + 1). kFollow stands for the primary context
 // of the current device (the current_device control), the state of a thread that never set one.
 
@@ -466,6 +489,8 @@ struct Op {
   unsigned char value = 0;
   std::shared_ptr<Stream> wait_on;  // cuStreamWaitEvent: wait until wait_on completed wait_target
   std::uint64_t wait_target = 0;
+  void (*callback)(CUstream, CUresult, void*) = nullptr;  // cuStreamAddCallback
+  void* user_data = nullptr;
 };
 
 // A created stream: its worker runs the queued operations in order. Shared by the registry, the
@@ -496,6 +521,13 @@ struct Stream {
       CUresult r = kSuccess;
       if (op.wait_on) {
         op.wait_on->waitFor(op.wait_target);
+      } else if (op.callback != nullptr) {
+        CUresult status;
+        {
+          std::lock_guard<std::mutex> slock(mu);
+          status = error;
+        }
+        op.callback(this, status, op.user_data);
       } else if (op.memset) {
         execMemset(op.dst, op.value, op.len);
       } else {
@@ -811,7 +843,80 @@ long arenaBytes() noexcept {
 
 }  // namespace
 
+// ---- Entry points that UCX's libucm patches in place.
+//
+// libucm's CUDA module (libucm_cuda, UCX 1.15 on) looks the allocation and free entry points up
+// with dlsym and, on x86-64, overwrites the first 5 bytes of each (12 bytes where its hook is more
+// than 2 GiB away, or with UCX_BISTRO_FORCE_FAR_JUMP) with a jump to its hook. To keep calling the
+// driver it first copies the whole instructions those bytes cover somewhere else, which it can
+// only do for a few instruction forms: push of a register, mov %rsp,%rbp, mov of a 32-bit immediate
+// into a register, sub of an immediate from %rsp (an 8-bit immediate only from UCX 1.18.1), and a
+// few more. A compiler's prologue for these functions (with the stack protector's load from %fs,
+// for one) is not among them, and one failed patch makes libucm refuse every memory-type event
+// handler. So on x86-64 each of these entry points is a small stub of exactly such instructions,
+// 14 bytes before anything else, that jumps to the C++ implementation (gmd_fake_impl_<name>,
+// hidden):
+//   push %rbp; mov %rsp,%rbp; mov $0,%eax; mov $0,%eax; pop %rbp; jmp gmd_fake_impl_<name>
+// %eax is no argument register of these functions; the stack is as on entry when the jump is taken.
+// The stub is what dlsym and cuGetProcAddress hand out, as a real driver's entry point is. Other
+// architectures keep plain definitions.
+//   Patched by libucm: cuMemAlloc(_v2), cuMemAllocPitch(_v2), cuMemAllocManaged, cuMemAllocAsync,
+//   cuMemFree(_v2), cuMemFreeAsync, cuMemMap, cuMemUnmap (and, where the fake had them,
+//   cuMemAllocFromPoolAsync, cuMemFreeHost(_v2), cuModuleGetGlobal_v2, cuLibraryGetGlobal).
+#if defined(__x86_64__)
+#define GMD_FAKE_IMPL(name) gmd_fake_impl_##name
+#define GMD_FAKE_PATCHED __attribute__((visibility("hidden")))
+// clang-format off
+#define GMD_FAKE_PATCHABLE(name)                                        \
+  asm(".pushsection .text\n"                                            \
+      ".globl " #name "\n"                                              \
+      ".type " #name ", @function\n"                                    \
+      ".p2align 4\n"                                                    \
+      #name ":\n"                                                       \
+      ".byte 0x55\n"                         /* push %rbp */            \
+      ".byte 0x48, 0x89, 0xe5\n"             /* mov %rsp, %rbp */       \
+      ".byte 0xb8, 0x00, 0x00, 0x00, 0x00\n" /* mov $0, %eax */         \
+      ".byte 0xb8, 0x00, 0x00, 0x00, 0x00\n" /* mov $0, %eax */         \
+      ".byte 0x5d\n"                         /* pop %rbp */             \
+      "jmp gmd_fake_impl_" #name "\n"                                   \
+      ".size " #name ", . - " #name "\n"                                \
+      ".popsection\n");
+// clang-format on
+#else
+#define GMD_FAKE_IMPL(name) name
+#define GMD_FAKE_PATCHED __attribute__((visibility("default")))
+#define GMD_FAKE_PATCHABLE(name)
+#endif
+
+GMD_FAKE_PATCHABLE(cuMemAlloc)
+GMD_FAKE_PATCHABLE(cuMemAlloc_v2)
+GMD_FAKE_PATCHABLE(cuMemAllocPitch)
+GMD_FAKE_PATCHABLE(cuMemAllocPitch_v2)
+GMD_FAKE_PATCHABLE(cuMemAllocManaged)
+GMD_FAKE_PATCHABLE(cuMemAllocAsync)
+GMD_FAKE_PATCHABLE(cuMemFree)
+GMD_FAKE_PATCHABLE(cuMemFree_v2)
+GMD_FAKE_PATCHABLE(cuMemFreeAsync)
+GMD_FAKE_PATCHABLE(cuMemMap)
+GMD_FAKE_PATCHABLE(cuMemUnmap)
+
 extern "C" {
+
+// The entry points above (the stubs on x86-64), for cuGetProcAddress's table.
+CUresult cuMemAlloc(unsigned int* ptr, unsigned int size) noexcept;
+CUresult cuMemAlloc_v2(CUdeviceptr* ptr, std::size_t size) noexcept;
+CUresult cuMemAllocPitch(unsigned* ptr, unsigned* pitch, unsigned width, unsigned height,
+                         unsigned element) noexcept;
+CUresult cuMemAllocPitch_v2(CUdeviceptr* ptr, std::size_t* pitch, std::size_t width,
+                            std::size_t height, unsigned element) noexcept;
+CUresult cuMemAllocManaged(CUdeviceptr* ptr, std::size_t size, unsigned int flags) noexcept;
+CUresult cuMemAllocAsync(CUdeviceptr* ptr, std::size_t size, CUstream stream) noexcept;
+CUresult cuMemFree(unsigned int ptr) noexcept;
+CUresult cuMemFree_v2(CUdeviceptr ptr) noexcept;
+CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) noexcept;
+CUresult cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset, CUhandle handle,
+                  unsigned long long flags) noexcept;
+CUresult cuMemUnmap(CUdeviceptr ptr, std::size_t size) noexcept;
 
 __attribute__((visibility("default"))) int gmd_fake_cuda_driver = 1;
 
@@ -853,6 +958,11 @@ __attribute__((visibility("default"))) long gmd_fake_cuda_get(const char* key) n
     return static_cast<long>(g_handles.size());
   }
   if (std::strcmp(key, "cpu_access") == 0) return g_cpu_access.load() ? 1 : 0;
+  if (std::strcmp(key, "devices") == 0) return devices();
+  if (std::strcmp(key, "host_registered") == 0) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    return static_cast<long>(g_host_registered.size());
+  }
   if (std::strcmp(key, "arena_bytes") == 0) return arenaBytes();
   static const char* const kDirections[] = {"htod", "dtoh", "dtod", "htoh"};
   for (int d = 0; d < 4; ++d) {
@@ -1210,11 +1320,12 @@ CUresult cuMemsetD8(unsigned dst, unsigned char value, unsigned n) noexcept {
 
 // ---- Memory.
 
-CUresult cuMemAlloc_v2(CUdeviceptr* ptr, std::size_t size) noexcept {
+GMD_FAKE_PATCHED CUresult GMD_FAKE_IMPL(cuMemAlloc_v2)(CUdeviceptr* ptr,
+                                                       std::size_t size) noexcept {
   return allocate(ptr, size, Kind::kDevice);
 }
 
-CUresult cuMemAlloc(unsigned int* ptr, unsigned int size) noexcept {
+GMD_FAKE_PATCHED CUresult GMD_FAKE_IMPL(cuMemAlloc)(unsigned int* ptr, unsigned int size) noexcept {
   CUdeviceptr p = 0;
   if (ptr == nullptr) return kInvalidValue;
   CUresult r = allocate(&p, size, Kind::kDevice);
@@ -1228,8 +1339,9 @@ CUresult cuMemAlloc(unsigned int* ptr, unsigned int size) noexcept {
 }
 
 // Rows of WidthInBytes rounded up to 512 bytes; ElementSizeBytes 4, 8 or 16, as the driver wants.
-CUresult cuMemAllocPitch_v2(CUdeviceptr* ptr, std::size_t* pitch, std::size_t width,
-                            std::size_t height, unsigned element) noexcept {
+GMD_FAKE_PATCHED CUresult GMD_FAKE_IMPL(cuMemAllocPitch_v2)(CUdeviceptr* ptr, std::size_t* pitch,
+                                                            std::size_t width, std::size_t height,
+                                                            unsigned element) noexcept {
   if (ptr == nullptr || pitch == nullptr || width == 0 || height == 0 ||
       (element != 4 && element != 8 && element != 16)) {
     return kInvalidValue;
@@ -1239,12 +1351,14 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr* ptr, std::size_t* pitch, std::size_t wi
   if (r == kSuccess) *pitch = p;
   return r;
 }
-CUresult cuMemAllocPitch(unsigned* ptr, unsigned* pitch, unsigned width, unsigned height,
-                         unsigned element) noexcept {
+GMD_FAKE_PATCHED CUresult GMD_FAKE_IMPL(cuMemAllocPitch)(unsigned* ptr, unsigned* pitch,
+                                                         unsigned width, unsigned height,
+                                                         unsigned element) noexcept {
   if (ptr == nullptr || pitch == nullptr) return kInvalidValue;
   CUdeviceptr p = 0;
   std::size_t row = 0;
-  const CUresult r = cuMemAllocPitch_v2(&p, &row, width, height, element);
+  // The implementation, not the entry point: one allocation, one call a hook sees.
+  const CUresult r = GMD_FAKE_IMPL(cuMemAllocPitch_v2)(&p, &row, width, height, element);
   if (r != kSuccess) return r;
   if (p > 0xffffffffu) {
     release(p);
@@ -1255,20 +1369,28 @@ CUresult cuMemAllocPitch(unsigned* ptr, unsigned* pitch, unsigned width, unsigne
   return kSuccess;
 }
 
-CUresult cuMemFree_v2(CUdeviceptr ptr) noexcept { return release(ptr); }
-CUresult cuMemFree(unsigned int ptr) noexcept { return release(ptr); }
+GMD_FAKE_PATCHED CUresult GMD_FAKE_IMPL(cuMemFree_v2)(CUdeviceptr ptr) noexcept {
+  return release(ptr);
+}
+GMD_FAKE_PATCHED CUresult GMD_FAKE_IMPL(cuMemFree)(unsigned int ptr) noexcept {
+  return release(ptr);
+}
 
-CUresult cuMemAllocManaged(CUdeviceptr* ptr, std::size_t size, unsigned int) noexcept {
+GMD_FAKE_PATCHED CUresult GMD_FAKE_IMPL(cuMemAllocManaged)(CUdeviceptr* ptr, std::size_t size,
+                                                           unsigned int) noexcept {
   return allocate(ptr, size, Kind::kManaged);
 }
 
-CUresult cuMemAllocAsync(CUdeviceptr* ptr, std::size_t size, CUstream) noexcept {
+GMD_FAKE_PATCHED CUresult GMD_FAKE_IMPL(cuMemAllocAsync)(CUdeviceptr* ptr, std::size_t size,
+                                                         CUstream) noexcept {
   return allocate(ptr, size, Kind::kDevice);
 }
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr* ptr, std::size_t size, CUstream) noexcept {
   return allocate(ptr, size, Kind::kDevice);
 }
-CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream) noexcept { return release(ptr); }
+GMD_FAKE_PATCHED CUresult GMD_FAKE_IMPL(cuMemFreeAsync)(CUdeviceptr ptr, CUstream) noexcept {
+  return release(ptr);
+}
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream) noexcept { return release(ptr); }
 
 CUresult cuMemGetAllocationGranularity(std::size_t* granularity, const void*, int) noexcept {
@@ -1315,6 +1437,7 @@ CUresult cuMemCreate(CUhandle* handle, std::size_t size, const void* prop,
   Handle h;
   h.size = size;
   h.device = device;
+  h.requested_types = prop != nullptr ? static_cast<const int*>(prop)[1] : 0;
   h.fd = memfd_create("gmd-fake-cuda-vmm", MFD_CLOEXEC);
   if (h.fd < 0) return kOutOfMemory;
   void* alias = MAP_FAILED;
@@ -1338,8 +1461,9 @@ CUresult cuMemCreate(CUhandle* handle, std::size_t size, const void* prop,
   return kSuccess;
 }
 
-CUresult cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset, CUhandle handle,
-                  unsigned long long) noexcept {
+GMD_FAKE_PATCHED CUresult GMD_FAKE_IMPL(cuMemMap)(CUdeviceptr ptr, std::size_t size,
+                                                  std::size_t offset, CUhandle handle,
+                                                  unsigned long long) noexcept {
   std::lock_guard<std::mutex> lock(g_mu);
   auto h = g_handles.find(handle);
   if (h == g_handles.end() || h->second.released || size == 0 || size % kGranule != 0 ||
@@ -1379,7 +1503,7 @@ CUresult cuMemSetAccess(CUdeviceptr, std::size_t, const void*, std::size_t) noex
   return kSuccess;
 }
 
-CUresult cuMemUnmap(CUdeviceptr ptr, std::size_t size) noexcept {
+GMD_FAKE_PATCHED CUresult GMD_FAKE_IMPL(cuMemUnmap)(CUdeviceptr ptr, std::size_t size) noexcept {
   drainStreams(false);
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = g_allocs.find(ptr);
@@ -1401,6 +1525,10 @@ CUresult cuMemRelease(CUhandle handle) noexcept {
   std::lock_guard<std::mutex> lock(g_mu);
   auto h = g_handles.find(handle);
   if (h == g_handles.end() || h->second.released) return kInvalidValue;
+  if (h->second.retains > 0) {  // one reference of cuMemRetainAllocationHandle's goes
+    --h->second.retains;
+    return kSuccess;
+  }
   h->second.released = true;
   if (h->second.mappings == 0) destroyHandle(h);
   return kSuccess;
@@ -1424,6 +1552,7 @@ CUresult cuPointerGetAttributes(unsigned count, int* attributes, void** data,
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = findAlloc(ptr);
   const bool found = it != g_allocs.end();
+  const bool registered = !found && hostRegistered(ptr);
   for (unsigned i = 0; i < count; ++i) {
     void* d = data[i];
     if (d == nullptr) return kInvalidValue;
@@ -1433,8 +1562,9 @@ CUresult cuPointerGetAttributes(unsigned count, int* attributes, void** data,
             found ? reinterpret_cast<CUcontext>(static_cast<std::uintptr_t>(it->second.device) + 1)
                   : nullptr;
         break;
-      case 2:  // MEMORY_TYPE: CU_MEMORYTYPE_DEVICE for device, mapped and managed
-        *static_cast<unsigned*>(d) = found ? 2u : 0u;
+      case 2:  // MEMORY_TYPE: CU_MEMORYTYPE_DEVICE for device, mapped and managed; _HOST for
+               // host memory registered with cuMemHostRegister
+        *static_cast<unsigned*>(d) = found ? 2u : registered ? 1u : 0u;
         break;
       case kAttrSyncMemops:  // a boolean
         *static_cast<bool*>(d) = found && it->second.sync_memops;
@@ -1467,7 +1597,9 @@ CUresult cuPointerGetAttributes(unsigned count, int* attributes, void** data,
 CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr ptr) noexcept {
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    if (findAlloc(ptr) == g_allocs.end()) return kInvalidValue;  // not a CUDA pointer
+    if (findAlloc(ptr) == g_allocs.end() && !hostRegistered(ptr)) {
+      return kInvalidValue;  // not a CUDA pointer
+    }
   }
   void* d[] = {data};
   return cuPointerGetAttributes(1, &attribute, d, ptr);
@@ -1515,6 +1647,329 @@ CUresult cuMemGetHandleForAddressRange(void* handle, CUdeviceptr ptr, std::size_
   g_dmabuf_exports.fetch_add(1);
   return kSuccess;
 }
+
+// ---- What UCX's CUDA transports (libuct_cuda: cuda_copy, cuda_ipc) call besides the above.
+
+CUresult cuDeviceGetName(char* name, int len, int device) noexcept {
+  if (name == nullptr || len <= 0) return kInvalidValue;
+  if (device < 0 || device >= devices()) return kInvalidDevice;
+  std::snprintf(name, static_cast<std::size_t>(len), "gmd fake GPU %d", device);
+  return kSuccess;
+}
+
+// The arena's size: every device's allocations come from it.
+CUresult cuDeviceTotalMem_v2(std::size_t* bytes, int device) noexcept {
+  if (bytes == nullptr) return kInvalidValue;
+  if (device < 0 || device >= devices()) return kInvalidDevice;
+  *bytes = kArenaSize;
+  return kSuccess;
+}
+
+// 16 bytes, distinct per device and the same in every process (as a GPU's UUID is).
+CUresult cuDeviceGetUuid(void* uuid, int device) noexcept {
+  if (uuid == nullptr) return kInvalidValue;
+  if (device < 0 || device >= devices()) return kInvalidDevice;
+  unsigned char bytes[16] = {'g', 'm', 'd', '-', 'f', 'a', 'k', 'e', '-', 'g', 'p', 'u'};
+  bytes[15] = static_cast<unsigned char>(device);
+  std::memcpy(uuid, bytes, sizeof(bytes));
+  return kSuccess;
+}
+CUresult cuDeviceGetUuid_v2(void* uuid, int device) noexcept {
+  return cuDeviceGetUuid(uuid, device);
+}
+
+CUresult cuGetErrorString(CUresult error, const char** str) noexcept {
+  if (str == nullptr) return kInvalidValue;
+  switch (error) {
+    case kSuccess:
+      *str = "no error";
+      break;
+    case kInvalidValue:
+      *str = "invalid argument";
+      break;
+    case kOutOfMemory:
+      *str = "out of memory";
+      break;
+    case kNotInitialized:
+      *str = "initialization error";
+      break;
+    case kNoDevice:
+      *str = "no CUDA-capable device is detected";
+      break;
+    case kInvalidDevice:
+      *str = "invalid device ordinal";
+      break;
+    case kInvalidContext:
+      *str = "invalid device context";
+      break;
+    case kInvalidHandle:
+      *str = "invalid resource handle";
+      break;
+    case kNotFound:
+      *str = "named symbol not found";
+      break;
+    case kNotReady:
+      *str = "device not ready";
+      break;
+    case kIllegalAddress:
+      *str = "an illegal memory access was encountered";
+      break;
+    case kHostAlreadyRegistered:
+      *str = "part or all of the requested memory range is already mapped";
+      break;
+    case kHostNotRegistered:
+      *str = "pointer does not correspond to a registered memory region";
+      break;
+    case kNotSupported:
+      *str = "operation not supported";
+      break;
+    default:
+      *str = nullptr;
+      return kInvalidValue;
+  }
+  return kSuccess;
+}
+
+CUresult cuGetErrorName(CUresult error, const char** str) noexcept {
+  if (str == nullptr) return kInvalidValue;
+  switch (error) {
+    case kSuccess:
+      *str = "CUDA_SUCCESS";
+      break;
+    case kInvalidValue:
+      *str = "CUDA_ERROR_INVALID_VALUE";
+      break;
+    case kOutOfMemory:
+      *str = "CUDA_ERROR_OUT_OF_MEMORY";
+      break;
+    case kNotInitialized:
+      *str = "CUDA_ERROR_NOT_INITIALIZED";
+      break;
+    case kNoDevice:
+      *str = "CUDA_ERROR_NO_DEVICE";
+      break;
+    case kInvalidDevice:
+      *str = "CUDA_ERROR_INVALID_DEVICE";
+      break;
+    case kInvalidContext:
+      *str = "CUDA_ERROR_INVALID_CONTEXT";
+      break;
+    case kInvalidHandle:
+      *str = "CUDA_ERROR_INVALID_HANDLE";
+      break;
+    case kNotFound:
+      *str = "CUDA_ERROR_NOT_FOUND";
+      break;
+    case kNotReady:
+      *str = "CUDA_ERROR_NOT_READY";
+      break;
+    case kIllegalAddress:
+      *str = "CUDA_ERROR_ILLEGAL_ADDRESS";
+      break;
+    case kHostAlreadyRegistered:
+      *str = "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED";
+      break;
+    case kHostNotRegistered:
+      *str = "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED";
+      break;
+    case kNotSupported:
+      *str = "CUDA_ERROR_NOT_SUPPORTED";
+      break;
+    default:
+      *str = nullptr;
+      return kInvalidValue;
+  }
+  return kSuccess;
+}
+
+// ctx NULL: the current one. The version of contexts made by the _v2 API.
+CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned* version) noexcept {
+  if (version == nullptr) return kInvalidValue;
+  const auto token = ctx != nullptr ? reinterpret_cast<std::uintptr_t>(ctx) : currentCtx();
+  if (!validCtx(token)) return kInvalidContext;
+  *version = 3020;
+  return kSuccess;
+}
+
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long* id) noexcept {
+  if (id == nullptr) return kInvalidValue;
+  const auto token = ctx != nullptr ? reinterpret_cast<std::uintptr_t>(ctx) : currentCtx();
+  if (!validCtx(token)) return kInvalidContext;
+  *id = token;
+  return kSuccess;
+}
+
+// A device's primary context always exists and is active (contexts are tokens).
+CUresult cuDevicePrimaryCtxGetState(int device, unsigned* flags, int* active) noexcept {
+  if (flags == nullptr || active == nullptr) return kInvalidValue;
+  if (!g_initialized) return kNotInitialized;
+  if (device < 0 || device >= devices()) return kInvalidDevice;
+  *flags = 0;
+  *active = 1;
+  return kSuccess;
+}
+
+// Page-locking is what a real driver does; the fake only remembers the range (the pointer
+// attributes then answer host memory for it), and refuses overlaps and device memory as the driver
+// does.
+CUresult cuMemHostRegister_v2(void* p, std::size_t size, unsigned) noexcept {
+  if (p == nullptr || size == 0) return kInvalidValue;
+  if (!g_initialized) return kNotInitialized;
+  const auto start = reinterpret_cast<std::uintptr_t>(p);
+  if (!hostReadable(static_cast<const char*>(p), size)) return kInvalidValue;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_arena != 0 && start < g_arena + kArenaSize && start + size > g_arena) return kInvalidValue;
+  auto next = g_host_registered.lower_bound(start);
+  if (hostRegistered(start) || (next != g_host_registered.end() && next->first < start + size)) {
+    return kHostAlreadyRegistered;
+  }
+  try {
+    g_host_registered[start] = size;
+  } catch (...) {
+    return kOutOfMemory;
+  }
+  return kSuccess;
+}
+CUresult cuMemHostRegister(void* p, std::size_t size, unsigned flags) noexcept {
+  return cuMemHostRegister_v2(p, size, flags);
+}
+
+CUresult cuMemHostUnregister(void* p) noexcept {
+  if (!g_initialized) return kNotInitialized;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_host_registered.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == g_host_registered.end()) return kHostNotRegistered;
+  g_host_registered.erase(it);
+  return kSuccess;
+}
+
+// Managed memory only: no advice was ever given (no preferred or last prefetch location, not read
+// mostly, nobody named in ACCESSED_BY).
+CUresult cuMemRangeGetAttribute(void* data, std::size_t data_size, int attribute, CUdeviceptr ptr,
+                                std::size_t count) noexcept {
+  if (data == nullptr || count == 0) return kInvalidValue;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = findAlloc(ptr);
+    if (it == g_allocs.end() || it->second.kind != Kind::kManaged ||
+        ptr + count > it->first + it->second.size) {
+      return kInvalidValue;
+    }
+  }
+  switch (attribute) {
+    case 1:  // CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY
+      if (data_size != sizeof(int)) return kInvalidValue;
+      *static_cast<int*>(data) = 0;
+      return kSuccess;
+    case 2:  // PREFERRED_LOCATION
+    case 4:  // LAST_PREFETCH_LOCATION
+      if (data_size != sizeof(int)) return kInvalidValue;
+      *static_cast<int*>(data) = -2;  // CU_DEVICE_INVALID
+      return kSuccess;
+    case 3:  // ACCESSED_BY: an array of devices, CU_DEVICE_INVALID past the last
+      if (data_size == 0 || data_size % sizeof(int) != 0) return kInvalidValue;
+      for (std::size_t i = 0; i < data_size / sizeof(int); ++i) static_cast<int*>(data)[i] = -2;
+      return kSuccess;
+    default:
+      return kInvalidValue;
+  }
+}
+
+// The callback runs once the stream's work queued before it completed: on the stream's worker, or
+// for the NULL stream on a thread of its own after the blocking streams drained (never inside
+// this call).
+CUresult cuStreamAddCallback(CUstream stream, void (*callback)(CUstream, CUresult, void*),
+                             void* user_data, unsigned flags) noexcept {
+  if (callback == nullptr || flags != 0) return kInvalidValue;
+  if (!g_initialized) return kNotInitialized;
+  if (currentCtx() == 0) return kInvalidContext;
+  if (isNullStream(stream)) {
+    syncForNullStream(stream, false);
+    try {
+      std::thread([stream, callback, user_data] {
+        callback(stream, kSuccess, user_data);
+      }).detach();
+    } catch (...) {
+      return kOutOfMemory;
+    }
+    return kSuccess;
+  }
+  std::shared_ptr<Stream> s;
+  const CUresult r = findStream(stream, &s);
+  if (r != kSuccess) return r;
+  Op op;
+  op.callback = callback;
+  op.user_data = user_data;
+  return enqueue(s, op);
+}
+
+// VMM: the handle behind a mapped address (one more reference, dropped by cuMemRelease).
+CUresult cuMemRetainAllocationHandle(CUhandle* handle, void* address) noexcept {
+  if (handle == nullptr) return kInvalidValue;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = findAlloc(reinterpret_cast<CUdeviceptr>(address));
+  if (it == g_allocs.end() || it->second.kind != Kind::kMapped) return kInvalidValue;
+  auto h = g_handles.find(it->second.handle);
+  if (h == g_handles.end()) return kInvalidValue;
+  ++h->second.retains;
+  *handle = h->first;
+  return kSuccess;
+}
+
+// CUmemAllocationProp (32 bytes): type PINNED, the requested handle types, location {DEVICE, the
+// handle's device}, the rest zero.
+CUresult cuMemGetAllocationPropertiesFromHandle(void* prop, CUhandle handle) noexcept {
+  if (prop == nullptr) return kInvalidValue;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto h = g_handles.find(handle);
+  if (h == g_handles.end() || h->second.released) return kInvalidValue;
+  int head[4] = {1, h->second.requested_types, 1, h->second.device};
+  std::memset(prop, 0, 32);
+  std::memcpy(prop, head, sizeof(head));
+  return kSuccess;
+}
+
+// Legacy IPC: a handle names the allocation (process, base, buffer ID). Another process's arena is
+// out of the fake's reach, and a process cannot open its own handles (as on a real driver): opening
+// fails either way, so UCX's cuda_ipc is never reachable between processes here.
+struct IpcHandle {
+  char reserved[64];
+};
+CUresult cuIpcGetMemHandle(IpcHandle* handle, CUdeviceptr ptr) noexcept {
+  if (handle == nullptr) return kInvalidValue;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = findAlloc(ptr);
+  if (it == g_allocs.end() || it->second.kind != Kind::kDevice) return kInvalidValue;
+  const std::uint64_t fields[4] = {0x676d642d69706300ull /* "gmd-ipc" */,
+                                   static_cast<std::uint64_t>(getpid()), it->first, it->second.id};
+  std::memset(handle, 0, sizeof(*handle));
+  std::memcpy(handle->reserved, fields, sizeof(fields));
+  return kSuccess;
+}
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* ptr, IpcHandle handle, unsigned) noexcept {
+  if (ptr == nullptr) return kInvalidValue;
+  std::uint64_t fields[2] = {};
+  std::memcpy(fields, handle.reserved, sizeof(fields));
+  if (fields[0] != 0x676d642d69706300ull) return kInvalidValue;
+  return fields[1] == static_cast<std::uint64_t>(getpid()) ? kInvalidContext : kNotSupported;
+}
+CUresult cuIpcCloseMemHandle(CUdeviceptr) noexcept { return kInvalidValue; }  // none is open
+
+// Shareable VMM handles and memory pools: not supported by the fake.
+CUresult cuMemExportToShareableHandle(void*, CUhandle, int, unsigned long long) noexcept {
+  return kNotSupported;
+}
+CUresult cuMemImportFromShareableHandle(CUhandle*, void*, int) noexcept { return kNotSupported; }
+CUresult cuMemPoolDestroy(void*) noexcept { return kNotSupported; }
+CUresult cuMemPoolExportPointer(void*, CUdeviceptr) noexcept { return kNotSupported; }
+CUresult cuMemPoolExportToShareableHandle(void*, void*, int, unsigned long long) noexcept {
+  return kNotSupported;
+}
+CUresult cuMemPoolImportFromShareableHandle(void**, void*, int, unsigned long long) noexcept {
+  return kNotSupported;
+}
+CUresult cuMemPoolImportPointer(CUdeviceptr*, void*, void*) noexcept { return kNotSupported; }
+CUresult cuMemPoolSetAccess(void*, const void*, std::size_t) noexcept { return kNotSupported; }
 
 // ---- cuGetProcAddress.
 
@@ -1599,6 +2054,23 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** fn, int version, std::ui
       {"cuPointerSetAttribute", f(&cuPointerSetAttribute)},
       {"cuMemGetHandleForAddressRange", f(&cuMemGetHandleForAddressRange)},
       {"cuGetProcAddress", f(&cuGetProcAddress), f(&cuGetProcAddress_v2), 12000},
+      {"cuDeviceGetName", f(&cuDeviceGetName)},
+      {"cuDeviceTotalMem", f(&cuDeviceTotalMem_v2)},
+      {"cuDeviceGetUuid", f(&cuDeviceGetUuid), f(&cuDeviceGetUuid_v2), 11040},
+      {"cuGetErrorString", f(&cuGetErrorString)},
+      {"cuGetErrorName", f(&cuGetErrorName)},
+      {"cuCtxGetApiVersion", f(&cuCtxGetApiVersion)},
+      {"cuCtxGetId", f(&cuCtxGetId)},
+      {"cuDevicePrimaryCtxGetState", f(&cuDevicePrimaryCtxGetState)},
+      {"cuMemHostRegister", f(&cuMemHostRegister), f(&cuMemHostRegister_v2), 6050},
+      {"cuMemHostUnregister", f(&cuMemHostUnregister)},
+      {"cuMemRangeGetAttribute", f(&cuMemRangeGetAttribute)},
+      {"cuStreamAddCallback", f(&cuStreamAddCallback)},
+      {"cuMemRetainAllocationHandle", f(&cuMemRetainAllocationHandle)},
+      {"cuMemGetAllocationPropertiesFromHandle", f(&cuMemGetAllocationPropertiesFromHandle)},
+      {"cuIpcGetMemHandle", f(&cuIpcGetMemHandle)},
+      {"cuIpcOpenMemHandle", f(&cuIpcOpenMemHandle_v2)},
+      {"cuIpcCloseMemHandle", f(&cuIpcCloseMemHandle)},
   };
   for (const Entry& e : table) {
     if (std::strcmp(e.name, symbol) == 0) {
