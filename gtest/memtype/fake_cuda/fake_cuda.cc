@@ -1678,108 +1678,51 @@ CUresult cuDeviceGetUuid_v2(void* uuid, int device) noexcept {
   return cuDeviceGetUuid(uuid, device);
 }
 
-CUresult cuGetErrorString(CUresult error, const char** str) noexcept {
+// The fake's results: each with the driver's name and description.
+struct ErrorText {
+  CUresult code;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrorTexts[] = {
+    {kSuccess, "CUDA_SUCCESS", "no error"},
+    {kInvalidValue, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {kOutOfMemory, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {kNotInitialized, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {kNoDevice, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {kInvalidDevice, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {kInvalidContext, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {kInvalidHandle, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {kNotFound, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {kNotReady, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {kIllegalAddress, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {kHostAlreadyRegistered, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+     "part or all of the requested memory range is already mapped"},
+    {kHostNotRegistered, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+     "pointer does not correspond to a registered memory region"},
+    {kNotSupported, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+};
+
+// *str = the name (or the description) of `error`; CUDA_ERROR_INVALID_VALUE for a code the fake
+// never returns, as the driver does for an unknown one.
+static CUresult errorText(CUresult error, bool name, const char** str) noexcept {
   if (str == nullptr) return kInvalidValue;
-  switch (error) {
-    case kSuccess:
-      *str = "no error";
-      break;
-    case kInvalidValue:
-      *str = "invalid argument";
-      break;
-    case kOutOfMemory:
-      *str = "out of memory";
-      break;
-    case kNotInitialized:
-      *str = "initialization error";
-      break;
-    case kNoDevice:
-      *str = "no CUDA-capable device is detected";
-      break;
-    case kInvalidDevice:
-      *str = "invalid device ordinal";
-      break;
-    case kInvalidContext:
-      *str = "invalid device context";
-      break;
-    case kInvalidHandle:
-      *str = "invalid resource handle";
-      break;
-    case kNotFound:
-      *str = "named symbol not found";
-      break;
-    case kNotReady:
-      *str = "device not ready";
-      break;
-    case kIllegalAddress:
-      *str = "an illegal memory access was encountered";
-      break;
-    case kHostAlreadyRegistered:
-      *str = "part or all of the requested memory range is already mapped";
-      break;
-    case kHostNotRegistered:
-      *str = "pointer does not correspond to a registered memory region";
-      break;
-    case kNotSupported:
-      *str = "operation not supported";
-      break;
-    default:
-      *str = nullptr;
-      return kInvalidValue;
+  for (const ErrorText& e : kErrorTexts) {
+    if (e.code == error) {
+      *str = name ? e.name : e.text;
+      return kSuccess;
+    }
   }
-  return kSuccess;
+  *str = nullptr;
+  return kInvalidValue;
+}
+
+CUresult cuGetErrorString(CUresult error, const char** str) noexcept {
+  return errorText(error, /*name=*/false, str);
 }
 
 CUresult cuGetErrorName(CUresult error, const char** str) noexcept {
-  if (str == nullptr) return kInvalidValue;
-  switch (error) {
-    case kSuccess:
-      *str = "CUDA_SUCCESS";
-      break;
-    case kInvalidValue:
-      *str = "CUDA_ERROR_INVALID_VALUE";
-      break;
-    case kOutOfMemory:
-      *str = "CUDA_ERROR_OUT_OF_MEMORY";
-      break;
-    case kNotInitialized:
-      *str = "CUDA_ERROR_NOT_INITIALIZED";
-      break;
-    case kNoDevice:
-      *str = "CUDA_ERROR_NO_DEVICE";
-      break;
-    case kInvalidDevice:
-      *str = "CUDA_ERROR_INVALID_DEVICE";
-      break;
-    case kInvalidContext:
-      *str = "CUDA_ERROR_INVALID_CONTEXT";
-      break;
-    case kInvalidHandle:
-      *str = "CUDA_ERROR_INVALID_HANDLE";
-      break;
-    case kNotFound:
-      *str = "CUDA_ERROR_NOT_FOUND";
-      break;
-    case kNotReady:
-      *str = "CUDA_ERROR_NOT_READY";
-      break;
-    case kIllegalAddress:
-      *str = "CUDA_ERROR_ILLEGAL_ADDRESS";
-      break;
-    case kHostAlreadyRegistered:
-      *str = "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED";
-      break;
-    case kHostNotRegistered:
-      *str = "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED";
-      break;
-    case kNotSupported:
-      *str = "CUDA_ERROR_NOT_SUPPORTED";
-      break;
-    default:
-      *str = nullptr;
-      return kInvalidValue;
-  }
-  return kSuccess;
+  return errorText(error, /*name=*/true, str);
 }
 
 // ctx NULL: the current one. The version of contexts made by the _v2 API.
