@@ -23,6 +23,8 @@ extern "C" {
 }
 #include <ucs/memory/memtype_cache.h>
 
+#include "gtest/common/load_gmd.h"
+
 namespace {
 
 constexpr std::size_t kSize = 1 << 20;
@@ -52,23 +54,8 @@ struct Fake {
   }
 };
 
-// Loads the plugin and has UCX list its MDs, which is when gmd starts the events.
-void loadGmd() {
-  void* plugin = dlopen(GMD_PLUGIN_PATH, RTLD_NOW | RTLD_GLOBAL);  // never closed
-  ASSERT_NE(nullptr, plugin) << dlerror();
-  uct_component_h* comps = nullptr;
-  unsigned n = 0;
-  ASSERT_EQ(UCS_OK, uct_query_components(&comps, &n));
-  bool found = false;
-  for (unsigned i = 0; i < n; ++i) {
-    uct_component_attr_t attr{};
-    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME | UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
-    ASSERT_EQ(UCS_OK, uct_component_query(comps[i], &attr));
-    found = found || std::strcmp(attr.name, "gmd") == 0;
-  }
-  uct_release_component_list(comps);
-  ASSERT_TRUE(found) << "component gmd not registered";
-}
+// Loads the plugin and has UCX list its MDs (gtest/common/load_gmd.h).
+void loadGmd() { gmd::test::loadGmdComponent(GMD_PLUGIN_PATH); }
 
 ucs_status_t lookup(std::uint64_t address, std::size_t length, ucs_memory_info_t* info) {
   return ucs_memtype_cache_lookup(reinterpret_cast<const void*>(address), length, info);

@@ -19,6 +19,8 @@
 #include <string>
 #include <string_view>
 
+#include "gtest/common/load_gmd.h"
+
 namespace {
 
 constexpr std::size_t kSize = 1 << 20;
@@ -56,26 +58,37 @@ int findUcmCuda(dl_phdr_info* info, std::size_t, void* found) {
   return 0;
 }
 
-// Loads the plugin and has UCX list its MDs, which is when gmd decides about the events.
-void loadGmd() {
-  void* plugin = dlopen(GMD_PLUGIN_PATH, RTLD_NOW | RTLD_GLOBAL);  // never closed
-  ASSERT_NE(nullptr, plugin) << dlerror();
-  uct_component_h* comps = nullptr;
-  unsigned n = 0;
-  ASSERT_EQ(UCS_OK, uct_query_components(&comps, &n));
-  bool found = false;
-  for (unsigned i = 0; i < n; ++i) {
-    uct_component_attr_t attr{};
-    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME | UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
-    ASSERT_EQ(UCS_OK, uct_component_query(comps[i], &attr));
-    found = found || std::strcmp(attr.name, "gmd") == 0;
-  }
-  uct_release_component_list(comps);
-  ASSERT_TRUE(found) << "component gmd not registered";
-}
+// Loads the plugin and has UCX list its MDs (gtest/common/load_gmd.h).
+void loadGmd() { gmd::test::loadGmdComponent(GMD_PLUGIN_PATH); }
+
+using AllocFn = int (*)(std::uint64_t*, std::size_t);
+using FreeFn = int (*)(std::uint64_t);
 
 class UcxCudaEventsTest : public ::testing::Test {
  protected:
+  // Allocation events carry the address only once the driver returned it: the handler watches the
+  // address an earlier allocation of the same size had (the fake reuses freed space lowest address
+  // first), checked against the address the allocation returns. `rounds` allocations after the first,
+  // each freed: every one raised once.
+  void allocAndFreeSeenOnce(AllocFn alloc, FreeFn release, int rounds) {
+    ASSERT_NE(alloc, nullptr);
+    ASSERT_NE(release, nullptr);
+    std::uint64_t first = 0;
+    ASSERT_EQ(0, alloc(&first, kSize));
+    watch(first);
+    ASSERT_EQ(0, release(first));
+    expectFreeSeenOnce(first, kSize, UCS_MEMORY_TYPE_CUDA);
+    for (int i = 0; i < rounds; ++i) {
+      watch(first);
+      std::uint64_t p = 0;
+      ASSERT_EQ(0, alloc(&p, kSize));
+      ASSERT_EQ(first, p) << "the fake did not reuse the freed range";
+      expectAllocSeen(p);
+      ASSERT_EQ(0, release(p));
+      expectFreeSeenOnce(p, kSize, UCS_MEMORY_TYPE_CUDA);
+    }
+  }
+
   void SetUp() override {
     driver_ = dlopen("libcuda.so.1", RTLD_NOW);
     if (driver_ == nullptr || dlsym(driver_, "gmd_fake_cuda_driver") == nullptr) {
@@ -148,51 +161,14 @@ class UcxCudaEventsTest : public ::testing::Test {
   bool handler_set_ = false;
 };
 
-using AllocFn = int (*)(std::uint64_t*, std::size_t);
-using FreeFn = int (*)(std::uint64_t);
 
-// Allocation events carry the address only once the driver returned it: the handler watches the
-// address an earlier allocation of the same size had (the fake reuses freed space lowest address
-// first), checked against the address the allocation returns.
 TEST_F(UcxCudaEventsTest, DriverEntryPointsThroughDlsym) {
-  auto alloc = sym<AllocFn>("cuMemAlloc_v2");
-  auto release = sym<FreeFn>("cuMemFree_v2");
-  ASSERT_NE(alloc, nullptr);
-  ASSERT_NE(release, nullptr);
-  std::uint64_t first = 0;
-  ASSERT_EQ(0, alloc(&first, kSize));
-  watch(first);
-  ASSERT_EQ(0, release(first));
-  expectFreeSeenOnce(first, kSize, UCS_MEMORY_TYPE_CUDA);
-  for (int i = 0; i < 3; ++i) {
-    watch(first);
-    std::uint64_t p = 0;
-    ASSERT_EQ(0, alloc(&p, kSize));
-    ASSERT_EQ(first, p) << "the fake did not reuse the freed range";
-    expectAllocSeen(p);
-    ASSERT_EQ(0, release(p));
-    expectFreeSeenOnce(p, kSize, UCS_MEMORY_TYPE_CUDA);
-  }
+  allocAndFreeSeenOnce(sym<AllocFn>("cuMemAlloc_v2"), sym<FreeFn>("cuMemFree_v2"), 3);
 }
 
 // Pointers from cuGetProcAddress reach the patched entry points too.
 TEST_F(UcxCudaEventsTest, DriverEntryPointsThroughGetProcAddress) {
-  auto alloc = proc<AllocFn>("cuMemAlloc");
-  auto release = proc<FreeFn>("cuMemFree");
-  ASSERT_NE(alloc, nullptr);
-  ASSERT_NE(release, nullptr);
-  std::uint64_t first = 0;
-  ASSERT_EQ(0, alloc(&first, kSize));
-  watch(first);
-  ASSERT_EQ(0, release(first));
-  expectFreeSeenOnce(first, kSize, UCS_MEMORY_TYPE_CUDA);
-  watch(first);
-  std::uint64_t p = 0;
-  ASSERT_EQ(0, alloc(&p, kSize));
-  ASSERT_EQ(first, p);
-  expectAllocSeen(p);
-  ASSERT_EQ(0, release(p));
-  expectFreeSeenOnce(p, kSize, UCS_MEMORY_TYPE_CUDA);
+  allocAndFreeSeenOnce(proc<AllocFn>("cuMemAlloc"), proc<FreeFn>("cuMemFree"), 1);
 }
 
 // Stream-ordered and managed allocations, each freed once.
