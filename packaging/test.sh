@@ -19,13 +19,15 @@
 #   GMD_TEST_PIP      NVIDIA's pip builds of UCX to test against (default: packaging/pip-ucx.sh list,
 #                     one per minor 1.14-1.22); empty: none
 #   GMD_TEST_ONLY     unit: the Debian 12 build and its unit and cuda tests, nothing else
-#   GMD_VM_JOBS       rxe tests side by side in the VM (ctest -j; default 1, one at a time)
+#   GMD_VM_JOBS       rxe tests side by side in the VM (ctest -j; default 2, packaging/common.sh)
 set -uo pipefail
 # test.sh --threaded-check BUILD: every unit case that GMD_THREADED_TEST_REGEX names is in a binary
 # marked THREADED (BUILD/threaded-tests), else the ThreadSanitizer build would not build it.
+# threaded_regex BUILD: that pattern, as gtest/CMakeLists.txt wrote it into BUILD/threaded-tests.
+threaded_regex() { sed -n 's/^# GMD_THREADED_TEST_REGEX //p' "$1/threaded-tests"; }
 if [[ ${1:-} == --threaded-check ]]; then
   list=$2/threaded-tests
-  regex=$(sed -n 's/^# GMD_THREADED_TEST_REGEX //p' "$list")
+  regex=$(threaded_regex "$2")
   [[ -n $regex ]] || { echo "FAIL: no GMD_THREADED_TEST_REGEX in $list"; exit 1; }
   missing=$(ctest --test-dir "$2" -N -L unit -R "$regex" | sed -n 's/^ *Test *#[0-9]*: \([^.]*\)\..*/\1/p' |
             sort -u | grep -vxF -f <(grep -v '^#' "$list"))
@@ -98,17 +100,18 @@ if [[ $only == unit ]]; then
 fi
 
 # --- the rest, in two lanes side by side --------------------------------------------------------------
-# The host lane: each other Debian release's root, build and unit tests, then the sanitizer builds,
-# which build and run only the unit tests (target gmd_unit_tests). The VM lane:
-# everything that needs RDMA, in one soft-RoCE VM for all releases (a run-in-vm session), each release
-# once its build is there. The VM leaves part of the cores idle (commands wait on each other and on the
-# network); the builds take that part. Each lane's output goes to its stage logs (build-logs/).
+# The host lane: Debian 12's unit and cuda tests, each other Debian release's root, build and unit
+# tests, each pip release's build and unit tests, then the sanitizer builds, which build and run only
+# the unit tests (targets gmd_unit_tests, gmd_threaded_tests). The VM lane: everything that needs
+# RDMA, in one soft-RoCE VM for all releases (a run-in-vm session), each release once its build is
+# there. The VM leaves part of the cores idle (commands wait on each other and on the network); the
+# builds take that part. Each lane's output goes to its stage logs (build-logs/).
 # The ThreadSanitizer cases: those GMD_THREADED_TEST_REGEX names, after the check that each is built.
 tsan_unit() {
   "$GMD_SRC/packaging/test.sh" --threaded-check "$GMD_BUILD" || return 1
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} ctest --test-dir "$GMD_SRC/build-tsan" \
     --output-on-failure -j "$GMD_JOBS" -L unit \
-    -R "$(sed -n 's/^# GMD_THREADED_TEST_REGEX //p' "$GMD_SRC/build-tsan/threaded-tests")"
+    -R "$(threaded_regex "$GMD_SRC/build-tsan")"
 }
 host_lane() {
   local suite
