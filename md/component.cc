@@ -196,6 +196,8 @@ __attribute__((constructor)) void registerComponent() {
         ucx::kAbiName, why);
     return;
   }
+  // Before anything classifies a buffer: UCX's CUDA hooks go in before gmd's (ucm_events.h).
+  memtype::Classifier::setBeforeHooks(ucm_events::installUcxHooksFirst);
   ucs_list_head_init(&g_component.tl_list);
   uct_tl_register(&g_component, rc::transport());
   uct_component_register(&g_component);

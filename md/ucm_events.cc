@@ -103,6 +103,7 @@ ucs_sys_device_t sysDevice(int ordinal) noexcept {
 
 void onAlloc(void*, const memtype::AllocEvent& event) noexcept { raiseAlloc(event); }
 void onFree(void*, std::uintptr_t start, std::size_t length) noexcept { raiseFree(start, length); }
+void ignoreEvent(ucm_event_type_t, ucm_event_t*, void*) {}
 
 // libucm's exported but undeclared entry points, from the libucm this module is linked with.
 bool resolveDispatch() {
@@ -254,6 +255,19 @@ void writeBack(const void* address, std::size_t length, const memtype::Info& inf
   if (ucs_memtype_cache_lookup(address, len, &cached) == UCS_OK &&
       cached.type == UCS_MEMORY_TYPE_UNKNOWN) {
     ucs_memtype_cache_remove(address, len);
+  }
+}
+
+void installUcxHooksFirst() noexcept {
+  // A handler for the memory-type events makes libucm install what raises them; removed at once,
+  // the hooks stay.
+  constexpr int kEvents = UCM_EVENT_MEM_TYPE_ALLOC | UCM_EVENT_MEM_TYPE_FREE;
+  const ucs_status_t st = ucm_set_event_handler(kEvents, 0, ignoreEvent, nullptr);
+  if (st == UCS_OK) ucm_unset_event_handler(kEvents, ignoreEvent, nullptr);
+  if (ucxHasCuda()) {
+    ucs_debug("gmd: libucm's CUDA hooks installed before gmd's: %s", ucs_status_string(st));
+  } else {
+    ucs_debug("gmd: libucm has no CUDA hooks to install before gmd's (%s)", ucs_status_string(st));
   }
 }
 

@@ -67,4 +67,13 @@ void writeBack(const void* address, std::size_t length, const memtype::Info& inf
 // CUDA hooks linked in); what start() checks. Exposed for tests.
 bool ucxHasCuda() noexcept;
 
+// Called once before gmd's CUDA hooks are first installed (memtype::Classifier::setBeforeHooks, set
+// when the module loads): has libucm load its modules and install its memory-type hooks now, as
+// UCP's memory-type cache or registration cache would later. libucm_cuda patches the driver's entry
+// points in place and must find them as the driver exports them: once gmd has redirected them, it
+// finds gmd's wrappers, cannot patch them and refuses every memory-type handler. Installed first,
+// its hooks sit in the driver's code and gmd's wrappers call through them, so both see every
+// allocation and free. Nothing happens where libucm has no CUDA module or its events are off.
+void installUcxHooksFirst() noexcept;
+
 }  // namespace gmd::md::ucm_events

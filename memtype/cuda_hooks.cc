@@ -704,9 +704,23 @@ void scanAll() noexcept {
   dl_iterate_phdr(scanObject, nullptr);
 }
 
+// Classifier::setBeforeHooks: called once before the first installation.
+std::atomic<void (*)() noexcept> g_before_install{nullptr};
+std::once_flag g_before_install_once;
+
 }  // namespace
 
+void setBeforeInstall(void (*fn)() noexcept) noexcept {
+  g_before_install.store(fn, std::memory_order_release);
+}
+
 bool installHooks(const DriverApi& api) noexcept {
+  if (!g_installed.load(std::memory_order_acquire)) {
+    // Outside g_install_mutex: what it calls takes locks of its own (libucm's).
+    std::call_once(g_before_install_once, [] {
+      if (auto* fn = g_before_install.load(std::memory_order_acquire)) fn();
+    });
+  }
   std::lock_guard<std::mutex> lock(g_install_mutex);
   if (g_installed.load(std::memory_order_acquire)) return true;
   struct link_map* lm = nullptr;
@@ -748,6 +762,7 @@ HookCounters hookCounters() noexcept {
 
 namespace gmd::memtype::detail {
 bool installHooks(const DriverApi&) noexcept { return false; }
+void setBeforeInstall(void (*)() noexcept) noexcept {}
 bool hooksInstalled() noexcept { return false; }
 void refreshHooks(bool) noexcept {}
 HookCounters hookCounters() noexcept { return {}; }

@@ -22,6 +22,8 @@ struct HookCounters {
 // bindings to them.
 // Returns false when nothing could be hooked (the caller then recommends FreeMode::kValidate).
 bool installHooks(const DriverApi& api) noexcept;
+// What installHooks() calls once before it first installs (Classifier::setBeforeHooks).
+void setBeforeInstall(void (*fn)() noexcept) noexcept;
 bool hooksInstalled() noexcept;
 // Picks up objects loaded since the last scan; a no-op when the set of loaded objects is unchanged.
 void refreshHooks(bool force) noexcept;

@@ -448,6 +448,8 @@ FreeMode Classifier::freeMode() const noexcept { return g_mode.load(std::memory_
 
 bool Classifier::hooksInstalled() const noexcept { return detail::hooksInstalled(); }
 
+void Classifier::setBeforeHooks(void (*fn)() noexcept) noexcept { detail::setBeforeInstall(fn); }
+
 void Classifier::refreshHooks() noexcept { detail::refreshHooks(true); }
 
 void Classifier::notifyFree(std::uintptr_t start, std::size_t length) noexcept {

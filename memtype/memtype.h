@@ -103,6 +103,12 @@ class Classifier {
   FreeMode freeMode() const noexcept;
   bool hooksInstalled() const noexcept;
 
+  // Called once, just before the hooks are first installed (outside the hooks' own lock).
+  // For an interposer that patches the driver's entry points in place and must find them as the
+  // driver exports them, not redirected to gmd's wrappers: UCX's libucm_cuda (md/ucm_events.cc
+  // makes it install its hooks here). Set at load time, before anything classifies.
+  static void setBeforeHooks(void (*fn)() noexcept) noexcept;
+
   // Re-scan loaded objects for free entry points bound after the hooks were installed (e.g. a
   // libcudart.so dlopen'ed later). Also done automatically on a cache miss when the set of loaded
   // objects changed. Cheap when nothing changed.

@@ -5,6 +5,12 @@
 // libucm_cuda is loaded). Through dlsym, through cuGetProcAddress (how a static cudart reaches the
 // driver), stream-ordered, managed, and VMM mappings.
 //
+// Both orders of loading: libucm's handler set first, then gmd (UcxCudaEventsTest); and gmd first,
+// its CUDA hooks installed as UCX lists its MDs, before anything asked libucm for memory-type
+// events (UcxCudaEventsGmdFirstTest), as when UCP opens gmd's MDs before it creates its memory-type
+// cache. Then gmd has libucm install its hooks before its own (md/ucm_events.h,
+// installUcxHooksFirst), and the driver's symbols lead through gmd's wrappers into libucm's.
+//
 // Skipped where the running UCX has no libucm_cuda (a UCX built without CUDA, or UCX_MODULES
 // leaving it out). The fake driver (gtest/memtype/fake_cuda/) is libcuda.so.1 on LD_LIBRARY_PATH,
 // with the fake NVML beside it (UCX's libuct_cuda needs one to load).
@@ -89,7 +95,10 @@ class UcxCudaEventsTest : public ::testing::Test {
     }
   }
 
-  void SetUp() override {
+  void SetUp() override { start(false); }
+
+  // gmd_first: gmd loaded (and its CUDA hooks installed) before the handler is set.
+  void start(bool gmd_first) {
     driver_ = dlopen("libcuda.so.1", RTLD_NOW);
     if (driver_ == nullptr || dlsym(driver_, "gmd_fake_cuda_driver") == nullptr) {
       GTEST_SKIP() << "the fake CUDA driver is not libcuda.so.1 here";
@@ -97,6 +106,14 @@ class UcxCudaEventsTest : public ::testing::Test {
     auto init = reinterpret_cast<int (*)(unsigned)>(dlsym(driver_, "cuInit"));
     ASSERT_NE(init, nullptr);
     ASSERT_EQ(0, init(0));
+    if (gmd_first) {
+      loadGmd();
+      Dl_info info{};
+      ASSERT_NE(0, dladdr(dlsym(driver_, "cuMemAlloc_v2"), &info));
+      ASSERT_NE(nullptr, info.dli_fname);
+      ASSERT_NE(nullptr, std::strstr(info.dli_fname, "libuct_gmd"))
+          << "gmd's CUDA hooks are not installed: cuMemAlloc_v2 resolves into " << info.dli_fname;
+    }
     // Loads libucm's modules (libucm_cuda where UCX has one), which install their hooks now: a
     // hook that cannot be installed fails this call.
     const ucs_status_t st = ucm_set_event_handler(
@@ -114,7 +131,7 @@ class UcxCudaEventsTest : public ::testing::Test {
                           << ucs_status_string(st) << ")";
     handler_set_ = true;
     ucm_cuda_ = dlopen(ucm_cuda.c_str(), RTLD_NOW | RTLD_NOLOAD);
-    loadGmd();
+    if (!gmd_first) loadGmd();
   }
   void TearDown() override {
     if (handler_set_) {
@@ -156,46 +173,60 @@ class UcxCudaEventsTest : public ::testing::Test {
     return ucm_cuda_ != nullptr && dlsym(ucm_cuda_, replacement.c_str()) != nullptr;
   }
 
+  void throughDlsym() {
+    allocAndFreeSeenOnce(sym<AllocFn>("cuMemAlloc_v2"), sym<FreeFn>("cuMemFree_v2"), 3);
+  }
+
+  // Pointers from cuGetProcAddress reach the patched entry points too.
+  void throughGetProcAddress() {
+    allocAndFreeSeenOnce(proc<AllocFn>("cuMemAlloc"), proc<FreeFn>("cuMemFree"), 1);
+  }
+
+  // Stream-ordered and managed allocations, each freed once.
+  void asyncAndManaged() {
+    auto alloc_async = sym<int (*)(std::uint64_t*, std::size_t, void*)>("cuMemAllocAsync");
+    auto free_async = sym<int (*)(std::uint64_t, void*)>("cuMemFreeAsync");
+    auto alloc_managed = sym<int (*)(std::uint64_t*, std::size_t, unsigned)>("cuMemAllocManaged");
+    auto release = sym<FreeFn>("cuMemFree_v2");
+    ASSERT_NE(alloc_async, nullptr);
+    ASSERT_NE(free_async, nullptr);
+    ASSERT_NE(alloc_managed, nullptr);
+    ASSERT_NE(release, nullptr);
+    std::uint64_t p = 0;
+    ASSERT_EQ(0, alloc_async(&p, kSize, nullptr));
+    watch(p);
+    ASSERT_EQ(0, free_async(p, nullptr));
+    // libucm types a stream-ordered free CUDA_MANAGED before 1.18, CUDA from 1.18 on (the release
+    // that also began hooking cuMemMap).
+    const ucs_memory_type_t async_type =
+        ucxHooks("cuMemMap") ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_CUDA_MANAGED;
+    expectFreeSeenOnce(p, kSize, async_type, "(cuMemFreeAsync)");
+    std::uint64_t m = 0;
+    ASSERT_EQ(0, alloc_managed(&m, kSize, 1 /* CU_MEM_ATTACH_GLOBAL */));
+    watch(m);
+    ASSERT_EQ(0, release(m));
+    expectFreeSeenOnce(m, kSize, UCS_MEMORY_TYPE_CUDA, "(managed, cuMemFree_v2)");
+  }
+
   void* driver_ = nullptr;
   void* ucm_cuda_ = nullptr;
   bool handler_set_ = false;
 };
 
+class UcxCudaEventsGmdFirstTest : public UcxCudaEventsTest {
+ protected:
+  void SetUp() override { start(true); }
+};
 
-TEST_F(UcxCudaEventsTest, DriverEntryPointsThroughDlsym) {
-  allocAndFreeSeenOnce(sym<AllocFn>("cuMemAlloc_v2"), sym<FreeFn>("cuMemFree_v2"), 3);
-}
+TEST_F(UcxCudaEventsTest, DriverEntryPointsThroughDlsym) { throughDlsym(); }
+TEST_F(UcxCudaEventsTest, DriverEntryPointsThroughGetProcAddress) { throughGetProcAddress(); }
+TEST_F(UcxCudaEventsTest, AsyncAndManaged) { asyncAndManaged(); }
 
-// Pointers from cuGetProcAddress reach the patched entry points too.
-TEST_F(UcxCudaEventsTest, DriverEntryPointsThroughGetProcAddress) {
-  allocAndFreeSeenOnce(proc<AllocFn>("cuMemAlloc"), proc<FreeFn>("cuMemFree"), 1);
+TEST_F(UcxCudaEventsGmdFirstTest, DriverEntryPointsThroughDlsym) { throughDlsym(); }
+TEST_F(UcxCudaEventsGmdFirstTest, DriverEntryPointsThroughGetProcAddress) {
+  throughGetProcAddress();
 }
-
-// Stream-ordered and managed allocations, each freed once.
-TEST_F(UcxCudaEventsTest, AsyncAndManaged) {
-  auto alloc_async = sym<int (*)(std::uint64_t*, std::size_t, void*)>("cuMemAllocAsync");
-  auto free_async = sym<int (*)(std::uint64_t, void*)>("cuMemFreeAsync");
-  auto alloc_managed = sym<int (*)(std::uint64_t*, std::size_t, unsigned)>("cuMemAllocManaged");
-  auto release = sym<FreeFn>("cuMemFree_v2");
-  ASSERT_NE(alloc_async, nullptr);
-  ASSERT_NE(free_async, nullptr);
-  ASSERT_NE(alloc_managed, nullptr);
-  ASSERT_NE(release, nullptr);
-  std::uint64_t p = 0;
-  ASSERT_EQ(0, alloc_async(&p, kSize, nullptr));
-  watch(p);
-  ASSERT_EQ(0, free_async(p, nullptr));
-  // libucm types a stream-ordered free CUDA_MANAGED before 1.18, CUDA from 1.18 on (the release
-  // that also began hooking cuMemMap).
-  const ucs_memory_type_t async_type =
-      ucxHooks("cuMemMap") ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_CUDA_MANAGED;
-  expectFreeSeenOnce(p, kSize, async_type, "(cuMemFreeAsync)");
-  std::uint64_t m = 0;
-  ASSERT_EQ(0, alloc_managed(&m, kSize, 1 /* CU_MEM_ATTACH_GLOBAL */));
-  watch(m);
-  ASSERT_EQ(0, release(m));
-  expectFreeSeenOnce(m, kSize, UCS_MEMORY_TYPE_CUDA, "(managed, cuMemFree_v2)");
-}
+TEST_F(UcxCudaEventsGmdFirstTest, AsyncAndManaged) { asyncAndManaged(); }
 
 // A VMM mapping: mapped once, unmapped once (the unmap is the free UCX raises).
 TEST_F(UcxCudaEventsTest, VmmMapAndUnmap) {
