@@ -87,6 +87,23 @@ int SystemGpuDirectOps::exportDmabuf(std::uintptr_t start, std::size_t length, b
 
 void SystemGpuDirectOps::closeFd(int fd) noexcept { close(fd); }
 
+std::int64_t SystemGpuDirectOps::dmabufSize(int fd) noexcept {
+  return static_cast<std::int64_t>(lseek(fd, 0, SEEK_END));
+}
+
+namespace {
+thread_local const DmabufOffer* t_offer = nullptr;
+}  // namespace
+
+DmabufOffer::DmabufOffer(int fd, std::uintptr_t address, std::size_t offset) noexcept
+    : fd_(fd), base_(address - offset), outer_(t_offer) {
+  t_offer = this;
+}
+
+DmabufOffer::~DmabufOffer() { t_offer = outer_; }
+
+const DmabufOffer* DmabufOffer::current() noexcept { return t_offer; }
+
 int SystemGpuDirectOps::setSyncMemops(std::uintptr_t ptr) noexcept {
   return memtype::setSyncMemops(reinterpret_cast<const void*>(ptr));
 }
@@ -150,6 +167,10 @@ bool GpuDirectBackend::nicImportsDmabuf() noexcept {
   int expected = -1;
   if (!nic_dmabuf_.compare_exchange_strong(expected, v, std::memory_order_acq_rel)) v = expected;
   return v != 0;
+}
+
+bool GpuDirectBackend::takesDmabuf() noexcept {
+  return config_.dmabuf != DmabufPolicy::kOff && ops_->verbsHasDmabuf() && nicImportsDmabuf();
 }
 
 GpuDirectMethod GpuDirectBackend::probe(int device) noexcept {
@@ -228,8 +249,40 @@ Result GpuDirectBackend::regPeerMem(std::uintptr_t start, std::size_t length, in
   return Status::kOk;
 }
 
+// The caller's dma-buf, where it covers [start, start + length): registered at the range's offset
+// in it, and left open. kUnsupported (nothing logged above debug) sends the caller to an export of
+// its own.
+Result GpuDirectBackend::regOffered(const DmabufOffer& offer, std::uintptr_t start,
+                                    std::size_t length, int access, ibv_mr** mr) noexcept {
+  const std::int64_t size = ops_->dmabufSize(offer.fd());
+  if (start < offer.base() || size < 0 ||
+      start - offer.base() + length > static_cast<std::uint64_t>(size)) {
+    log(LogLevel::kDebug, kModule,
+        "the caller's dma-buf (fd %d, %#lx+%lld) does not cover %#lx+%zu: exporting one",
+        offer.fd(), static_cast<unsigned long>(offer.base()), static_cast<long long>(size),
+        static_cast<unsigned long>(start), length);
+    return Status::kUnsupported;
+  }
+  errno = 0;
+  ibv_mr* m = ops_->regDmabufMr(pd_, start - offer.base(), length, start, offer.fd(), access);
+  if (m != nullptr) {
+    dmabuf_offered_.fetch_add(1, std::memory_order_relaxed);
+    *mr = m;
+    return Status::kOk;
+  }
+  const int err = errno != 0 ? errno : EIO;
+  log(LogLevel::kDebug, kModule, "ibv_reg_dmabuf_mr on the caller's dma-buf (fd %d) failed: %s",
+      offer.fd(), std::strerror(err));
+  if (statusFromErrno(err) == Status::kNoResource) return Result(Status::kNoResource, err);
+  return Status::kUnsupported;
+}
+
 Result GpuDirectBackend::regDmabuf(std::uintptr_t start, std::size_t length, int access, int device,
                                    ibv_mr** mr) noexcept {
+  if (const DmabufOffer* offer = DmabufOffer::current(); offer != nullptr) {
+    const Result r = regOffered(*offer, start, length, access, mr);
+    if (r == Status::kOk || isResource(r)) return r;
+  }
   Range pages;
   if (!alignOutwards(start, length, pageSize(), &pages)) return Status::kInvalidParam;
   const std::uintptr_t aligned = pages.start;
@@ -351,6 +404,7 @@ void GpuDirectBackend::dereg(const rcache::Registration& reg) noexcept {
 GpuDirectStats GpuDirectBackend::stats() const noexcept {
   GpuDirectStats s;
   s.dmabuf_regs = dmabuf_regs_.load(std::memory_order_relaxed);
+  s.dmabuf_offered = dmabuf_offered_.load(std::memory_order_relaxed);
   s.peermem_regs = peermem_regs_.load(std::memory_order_relaxed);
   s.unsupported = unsupported_.load(std::memory_order_relaxed);
   s.dmabuf_demotions = demotions_.load(std::memory_order_relaxed);

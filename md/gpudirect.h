@@ -73,6 +73,8 @@ class GpuDirectOps : public VerbsOps {
   virtual int exportDmabuf(std::uintptr_t start, std::size_t length, bool pcie,
                            int* fd) noexcept = 0;
   virtual void closeFd(int fd) noexcept = 0;
+  // The size of a dma-buf (lseek to its end), or -1.
+  virtual std::int64_t dmabufSize(int fd) noexcept = 0;
   // CU_POINTER_ATTRIBUTE_SYNC_MEMOPS on the allocation holding ptr (memtype::setSyncMemops): 0, -1
   // when the driver cannot (no driver, no cuPointerSetAttribute), else the CUresult.
   virtual int setSyncMemops(std::uintptr_t ptr) noexcept = 0;
@@ -90,11 +92,36 @@ class SystemGpuDirectOps : public GpuDirectOps {
   bool deviceHasDmabuf(int device) noexcept override;
   int exportDmabuf(std::uintptr_t start, std::size_t length, bool pcie, int* fd) noexcept override;
   void closeFd(int fd) noexcept override;
+  std::int64_t dmabufSize(int fd) noexcept override;
   int setSyncMemops(std::uintptr_t ptr) noexcept override;
+};
+
+// A dma-buf the caller already holds for the memory it registers: UCP passes one in mem_reg (from
+// UCX 1.14, to an MD that advertises UCT_MD_FLAG_REG_DMABUF) when another MD, UCX's cuda_copy,
+// exported it; `address` is at byte `offset` of it. Offered for one registration on the calling
+// thread, while the object lives: a dma-buf registration on this thread uses it instead of
+// exporting one where it covers the range, and never closes it (the caller does).
+class DmabufOffer {
+ public:
+  DmabufOffer(int fd, std::uintptr_t address, std::size_t offset) noexcept;
+  ~DmabufOffer();
+  DmabufOffer(const DmabufOffer&) = delete;
+  DmabufOffer& operator=(const DmabufOffer&) = delete;
+  static const DmabufOffer* current() noexcept;
+
+  int fd() const noexcept { return fd_; }
+  // The address at the dma-buf's first byte.
+  std::uintptr_t base() const noexcept { return base_; }
+
+ private:
+  int fd_;
+  std::uintptr_t base_;
+  const DmabufOffer* outer_;
 };
 
 struct GpuDirectStats {
   std::uint64_t dmabuf_regs = 0;
+  std::uint64_t dmabuf_offered = 0;        // of those, on the caller's dma-buf (DmabufOffer)
   std::uint64_t peermem_regs = 0;
   std::uint64_t unsupported = 0;           // requests refused (no method, not device memory)
   std::uint64_t dmabuf_demotions = 0;      // devices moved from dma-buf to peer memory
@@ -123,6 +150,9 @@ class GpuDirectBackend final : public rcache::Backend {
   GpuDirectMethod method(int device) noexcept;
   // Whether this MD's NIC imports dma-bufs (probed on first use, once; false without the verb).
   bool nicImportsDmabuf() noexcept;
+  // Whether a registration here can take the caller's dma-buf (UCT_MD_FLAG_REG_DMABUF): the policy
+  // allows dma-buf, libibverbs has the verb and the NIC imports dma-bufs.
+  bool takesDmabuf() noexcept;
   const GpuDirectConfig& config() const noexcept { return config_; }
   GpuDirectStats stats() const noexcept;
 
@@ -134,6 +164,8 @@ class GpuDirectBackend final : public rcache::Backend {
                    rcache::Registration* out) noexcept;
   Result regDmabuf(std::uintptr_t start, std::size_t length, int access, int device,
                    ibv_mr** mr) noexcept;
+  Result regOffered(const DmabufOffer& offer, std::uintptr_t start, std::size_t length, int access,
+                    ibv_mr** mr) noexcept;
   Result regPeerMem(std::uintptr_t start, std::size_t length, int access, ibv_mr** mr) noexcept;
 
   ibv_pd* pd_;
@@ -145,8 +177,8 @@ class GpuDirectBackend final : public rcache::Backend {
   std::atomic<int> peermem_{-1};             // -1 unknown, else 0/1
   std::atomic<int> nic_dmabuf_{-1};          // -1 unknown, else 0/1
   std::atomic<bool> sync_memops_warned_{false};
-  std::atomic<std::uint64_t> dmabuf_regs_{0}, peermem_regs_{0}, unsupported_{0}, demotions_{0},
-      sync_memops_failures_{0};
+  std::atomic<std::uint64_t> dmabuf_regs_{0}, dmabuf_offered_{0}, peermem_regs_{0}, unsupported_{0},
+      demotions_{0}, sync_memops_failures_{0};
 };
 
 }  // namespace gmd::md

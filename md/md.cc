@@ -84,6 +84,11 @@ ucs_status_t mdQuery(uct_md_h uct_md, uct_md_attr_t* attr) {
   std::memset(attr, 0, sizeof(*attr));
   attr->cap.flags =
       UCT_MD_FLAG_REG | UCT_MD_FLAG_NEED_MEMH | UCT_MD_FLAG_NEED_RKEY | UCT_MD_FLAG_INVALIDATE;
+#if GMD_UCX_SINCE(14)
+  // UCP then passes the dma-buf another MD (UCX's cuda_copy) exported for device memory, and gmd
+  // registers it instead of exporting one of its own (md/gpudirect.h, DmabufOffer).
+  if (md->takesDmabuf()) attr->cap.flags |= UCT_MD_FLAG_REG_DMABUF;
+#endif
   attr->cap.max_alloc = 0;
   attr->cap.max_reg = md->deviceAttr().max_mr_size != 0 ? md->deviceAttr().max_mr_size : SIZE_MAX;
   attr->cap.reg_mem_types = regMemTypes(md->registrar());
@@ -104,6 +109,16 @@ ucs_status_t mdQuery(uct_md_h uct_md, uct_md_attr_t* attr) {
 
 ucs_status_t mdMemReg(uct_md_h md, void* address, size_t length, unsigned flags,
                       uct_mem_h* memh_p) {
+  return Md::from(md)->registrar().reg(address, length, flags, memh_p);
+}
+
+ucs_status_t mdMemRegDmabuf(uct_md_h md, void* address, size_t length, unsigned flags, int fd,
+                            size_t offset, uct_mem_h* memh_p) {
+  if (fd < 0 || offset > reinterpret_cast<std::uintptr_t>(address)) {
+    ucs_error("gmd: invalid dma-buf for %p+%zu (fd %d, offset %zu)", address, length, fd, offset);
+    return UCS_ERR_INVALID_PARAM;
+  }
+  const DmabufOffer offer(fd, reinterpret_cast<std::uintptr_t>(address), offset);
   return Md::from(md)->registrar().reg(address, length, flags, memh_p);
 }
 
@@ -195,6 +210,7 @@ const MdImpl& mdImpl() noexcept {
       .mem_query = mdMemQuery,
       .mkey_pack = mdMkeyPack,
       .detect_memory_type = mdDetectMemoryType,
+      .mem_reg_dmabuf = mdMemRegDmabuf,
       .mem_flags = mdMemFlags,
   };
   return impl;
@@ -298,7 +314,8 @@ Md::~Md() {
     if (cuda_backend_) {  // device memory registered on the NIC (GPUDirect)
       const GpuDirectStats g = cuda_backend_->stats();
       line += " gpudirect_dmabuf_regs=" + std::to_string(g.dmabuf_regs) +
-              " gpudirect_peermem_regs=" + std::to_string(g.peermem_regs);
+              " gpudirect_peermem_regs=" + std::to_string(g.peermem_regs) +
+              " gpudirect_dmabuf_offered=" + std::to_string(g.dmabuf_offered);
     }
     std::fprintf(stderr, "%s\n", line.c_str());
   }

@@ -47,6 +47,8 @@ class Md {
   const ibv_device_attr& deviceAttr() const noexcept { return dev_attr_; }
   // The device context's async events, shared by every iface on this MD.
   DeviceEvents& events() noexcept { return events_; }
+  // Whether device memory registrations here take the caller's dma-buf (GpuDirectBackend).
+  bool takesDmabuf() noexcept { return cuda_backend_ != nullptr && cuda_backend_->takesDmabuf(); }
 
  private:
   Md() = default;

@@ -7,6 +7,7 @@
 #include "md/gpudirect.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -70,6 +71,10 @@ class FakeOps : public SystemGpuDirectOps {
     }
     dmabuf_calls.push_back({offset, length, iova, fd, fcntl(fd, F_GETFD) != -1, access});
     events.push_back("reg_dmabuf_mr");
+    if (fd == refuse_fd) {
+      errno = EINVAL;
+      return nullptr;
+    }
     if (dmabuf_errno != 0) {
       errno = dmabuf_errno;
       return nullptr;
@@ -120,6 +125,7 @@ class FakeOps : public SystemGpuDirectOps {
   std::set<std::string> paths;
   int mr_errno = 0;
   int dmabuf_errno = 0;
+  int refuse_fd = -2;  // a dma-buf the NIC refuses (EINVAL)
   int nic_errno = EBADF;  // the answer to the probe: EBADF is a NIC that imports dma-bufs
   int sync_result = kReal;
   bool verbs_dmabuf = true;
@@ -193,6 +199,85 @@ TEST_F(GpuDirectTest, UnalignedRangeExportsThePageAlignedRangeWithAnOffset) {
   EXPECT_EQ(ops_.dmabuf_calls[0].length, 5000u);
   EXPECT_EQ(ops_.dmabuf_calls[0].iova, start);
   b.dereg(reg);
+}
+
+// A dma-buf of `size` bytes, as UCX's cuda_copy would export for an allocation (a memfd, as the
+// fake driver's exports are).
+int callerDmabuf(std::size_t size) {
+  const int fd = memfd_create("gmd-test-caller-dmabuf", MFD_CLOEXEC);
+  if (fd >= 0 && ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// UCP passes the dma-buf cuda_copy exported (mem_reg's dmabuf_fd, UCT_MD_FLAG_REG_DMABUF): it is
+// registered at the range's offset in it, no export of gmd's own, and it stays open (UCP closes it).
+TEST_F(GpuDirectTest, CallersDmabufIsRegisteredAtTheRangesOffsetAndLeftOpen) {
+  GpuDirectBackend b(pd_, {}, &ops_);
+  const int fd = callerDmabuf(4 * kMiB);  // the whole allocation, dev_ at its byte 0
+  ASSERT_GE(fd, 0);
+  const long exports = drv_.get("dmabuf_exports");
+  const std::uintptr_t start = dev_ + 8192 + 100;
+  rcache::Registration reg;
+  {
+    const DmabufOffer offer(fd, start, 8192 + 100);  // start is at byte 8292 of the dma-buf
+    EXPECT_EQ(DmabufOffer::current(), &offer);
+    ASSERT_EQ(b.reg(start, 5000, kRw, MemType::kCuda, &reg), rcache::Status::kOk);
+  }
+  EXPECT_EQ(DmabufOffer::current(), nullptr) << "the offer ends with its scope";
+  ASSERT_EQ(ops_.dmabuf_calls.size(), 1u);
+  EXPECT_EQ(ops_.dmabuf_calls[0].fd, fd);
+  EXPECT_EQ(ops_.dmabuf_calls[0].offset, 8192u + 100);
+  EXPECT_EQ(ops_.dmabuf_calls[0].length, 5000u);
+  EXPECT_EQ(ops_.dmabuf_calls[0].iova, start);
+  EXPECT_EQ(drv_.get("dmabuf_exports"), exports) << "gmd exported a dma-buf of its own";
+  EXPECT_TRUE(ops_.closed.empty()) << "gmd closed a descriptor";
+  EXPECT_NE(fcntl(fd, F_GETFD), -1) << "the caller's dma-buf was closed";
+  EXPECT_EQ(b.stats().dmabuf_regs, 1u);
+  EXPECT_EQ(b.stats().dmabuf_offered, 1u);
+  b.dereg(reg);
+  close(fd);
+}
+
+// A dma-buf that does not cover the range (or that the NIC refuses) leaves gmd to export its own.
+TEST_F(GpuDirectTest, CallersDmabufNotCoveringTheRangeFallsBackToAnExport) {
+  GpuDirectBackend b(pd_, {}, &ops_);
+  const int fd = callerDmabuf(8192);  // the allocation's first two pages only
+  ASSERT_GE(fd, 0);
+  const long exports = drv_.get("dmabuf_exports");
+  rcache::Registration reg;
+  {
+    const DmabufOffer offer(fd, dev_, 0);
+    ASSERT_EQ(b.reg(dev_ + 4096, 3 * 4096, kRw, MemType::kCuda, &reg), rcache::Status::kOk);
+  }
+  ASSERT_EQ(ops_.dmabuf_calls.size(), 1u);
+  EXPECT_NE(ops_.dmabuf_calls[0].fd, fd);
+  EXPECT_EQ(drv_.get("dmabuf_exports"), exports + 1);
+  EXPECT_EQ(ops_.closed.size(), 1u) << "gmd's own export is closed after registering";
+  EXPECT_NE(fcntl(fd, F_GETFD), -1) << "the caller's dma-buf was closed";
+  EXPECT_EQ(b.stats().dmabuf_offered, 0u);
+  b.dereg(reg);
+  // Covering the range but refused by the NIC: the same.
+  const int whole = callerDmabuf(4 * kMiB);
+  ASSERT_GE(whole, 0);
+  ops_.refuse_fd = whole;
+  ops_.dmabuf_calls.clear();
+  ops_.closed.clear();
+  {
+    const DmabufOffer offer(whole, dev_, 0);
+    ASSERT_EQ(b.reg(dev_, 4096, kRw, MemType::kCuda, &reg), rcache::Status::kOk);
+  }
+  ASSERT_EQ(ops_.dmabuf_calls.size(), 2u);
+  EXPECT_EQ(ops_.dmabuf_calls[0].fd, whole) << "the caller's dma-buf is tried first";
+  EXPECT_NE(ops_.dmabuf_calls[1].fd, whole);
+  EXPECT_EQ(drv_.get("dmabuf_exports"), exports + 2);
+  EXPECT_EQ(ops_.closed, std::vector<int>{ops_.dmabuf_calls[1].fd});
+  EXPECT_EQ(b.stats().dmabuf_offered, 0u);
+  b.dereg(reg);
+  close(whole);
+  close(fd);
 }
 
 TEST_F(GpuDirectTest, PcieFlagRejectedFallsBackToPlainExportAndIsRemembered) {

@@ -31,6 +31,10 @@ struct MdImpl {
   ucs_status_t (*mkey_pack)(uct_md_h md, uct_mem_h memh, void* rkey_buffer);
   ucs_status_t (*detect_memory_type)(uct_md_h md, const void* address, size_t length,
                                      ucs_memory_type_t* mem_type_p);
+  // mem_reg with the caller's dma-buf of the memory (UCX 1.14 on): `address` is at byte `offset`
+  // of `fd`, which stays the caller's.
+  ucs_status_t (*mem_reg_dmabuf)(uct_md_h md, void* address, size_t length, unsigned flags, int fd,
+                                 size_t offset, uct_mem_h* memh_p) = nullptr;
   // mem_query's mem_flags (UCX 1.22 on) for memory of mem_type; nullptr answers 0.
   std::uint8_t (*mem_flags)(uct_md_h md, ucs_memory_type_t mem_type) = nullptr;
 };

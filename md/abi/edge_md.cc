@@ -91,11 +91,8 @@ struct Edge {
   static ucs_status_t memReg(uct_md_h md, void* address, size_t length, const Params* params,
                              uct_mem_h* memh_p) {
     if (params == nullptr) return UCS_ERR_INVALID_PARAM;
-    // gmd advertises no dma-buf memory types: a caller passing a dma-buf asks for what it lacks.
-    if ((params->field_mask & Params::kFieldDmabufFd) &&
-        params->dmabuf_fd != Params::kDmabufFdInvalid) {
-      return UCS_ERR_UNSUPPORTED;
-    }
+    const int fd = (params->field_mask & Params::kFieldDmabufFd) ? params->dmabuf_fd
+                                                                  : Params::kDmabufFdInvalid;
     std::uint64_t flags = (params->field_mask & Params::kFieldFlags) ? params->flags : 0;
     if (flags & Params::kFlagGva) return UCS_ERR_UNSUPPORTED;
     // A hint: gmd's remote keys are the device's, equal only when the device makes them so.
@@ -106,6 +103,13 @@ struct Edge {
     // Every UCT_MD_MEM_* flag fits the 32 bits the registrar takes; one beyond them is refused
     // there.
     const unsigned narrow = static_cast<unsigned>(flags) | (flags >> 32 != 0 ? 1u << 31 : 0u);
+    if (fd != Params::kDmabufFdInvalid) {
+      // Given where gmd advertises UCT_MD_FLAG_REG_DMABUF (md/md.cc).
+      if (Impl().mem_reg_dmabuf == nullptr) return UCS_ERR_UNSUPPORTED;
+      const size_t offset =
+          (params->field_mask & Params::kFieldDmabufOffset) ? params->dmabuf_offset : 0;
+      return Impl().mem_reg_dmabuf(md, address, length, narrow, fd, offset, memh_p);
+    }
     return Impl().mem_reg(md, address, length, narrow, memh_p);
   }
 

@@ -65,6 +65,7 @@ using SpareSlot = long (*)();
 struct MemRegParams {
   static constexpr std::uint64_t kFieldFlags = 1u << 0;
   static constexpr std::uint64_t kFieldDmabufFd = 1u << 1;
+  static constexpr std::uint64_t kFieldDmabufOffset = 1u << 2;
   static constexpr int kDmabufFdInvalid = -1;  // UCT_DMABUF_FD_INVALID
   // Public mem_reg flags newer than 1.13 (uct_md_mem_flags): a hint the MD may ignore (1.16), and
   // global-VA registration (1.18), which gmd does not offer (it advertises no gva_mem_types).
