@@ -25,6 +25,7 @@
 #include <dlfcn.h>
 #include <sys/mman.h>
 #include <ucp/api/ucp.h>
+#include <uct/api/uct.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,6 +74,22 @@ void* mapTouched(std::size_t size) {
   const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   for (std::size_t i = 0; i < size; i += page) static_cast<volatile char*>(p)[i] = 1;
   return p;
+}
+
+// Whether this UCX has the component named `name` (its IB transports are component "ib"; Debian's
+// UCX 1.23.0~rc1 ships none).
+bool hasComponent(const char* name) {
+  uct_component_h* comps = nullptr;
+  unsigned n = 0;
+  if (uct_query_components(&comps, &n) != UCS_OK) return false;
+  bool found = false;
+  for (unsigned i = 0; i < n && !found; ++i) {
+    uct_component_attr_t attr{};
+    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME;
+    found = uct_component_query(comps[i], &attr) == UCS_OK && std::strcmp(attr.name, name) == 0;
+  }
+  uct_release_component_list(comps);
+  return found;
 }
 
 struct Done {
@@ -235,7 +252,13 @@ void run(benchmark::State& state, Op op, std::size_t size, const Config& cfg) {
   std::string error;
   // The IB transports' GID (read by their own configuration, not UCP's): this process runs one
   // benchmark (bench/ucp_reg_bench.sh), so the environment is its own.
-  if (std::strcmp(cfg.name, "rc_verbs") == 0) setenv("UCX_IB_GID_INDEX", "0", 0);
+  if (std::strcmp(cfg.name, "rc_verbs") == 0) {
+    if (!hasComponent("ib")) {
+      state.SkipWithError("this UCX has no IB transports (no rc_verbs)");
+      return;
+    }
+    setenv("UCX_IB_GID_INDEX", "0", 0);
+  }
   Pair pair(cfg, &error);
   if (!pair.ok()) {
     state.SkipWithError(error.empty() ? "UCP set-up failed" : error.c_str());
