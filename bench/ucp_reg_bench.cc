@@ -4,8 +4,9 @@
 //
 //   UcpReg/map_hit/<size>/<config>    ucp_mem_map + ucp_mem_unmap of a buffer mapped before the loop
 //   UcpReg/map_miss/<size>/<config>   the same on freshly mmap'd memory each iteration
-//   UcpReg/rndv_hit/<size>/<config>   one tagged message (rendezvous), sender and receiver buffers
-//                                     cycling over 8 of each that stay mapped (the caches' hits)
+//   UcpReg/rndv_hit/<size>/<config>   one tagged message (rendezvous: 64 KiB, 1 and 4 MiB), sender
+//                                     and receiver buffers cycling over 8 of each that stay mapped
+//                                     (the caches' hits)
 //   UcpReg/rndv_miss/<size>/<config>  one tagged message between freshly mmap'd buffers each time
 //
 // <config>: `gmd_ucp` (UCX_TLS=gmd_rc,self; UCP's registration cache on, UCX_RCACHE_ENABLE=try, the
@@ -343,9 +344,9 @@ std::int64_t iterations(Op op, std::size_t size) {
     case Op::kMapMiss:
       return large ? 50 : 200;
     case Op::kRndvHit:
-      return large ? 40 : 200;
+      return large ? 24 : 100;
     case Op::kRndvMiss:
-      return large ? 20 : 100;
+      return large ? 12 : 50;
   }
   return 1;
 }
@@ -359,8 +360,8 @@ const bool kRegistered = [] {
   } ops[] = {
       {"map_hit", Op::kMapHit, {64 * kKiB, 4096 * kKiB}},
       {"map_miss", Op::kMapMiss, {64 * kKiB, 4096 * kKiB}},
-      {"rndv_hit", Op::kRndvHit, {64 * kKiB, 256 * kKiB, 1024 * kKiB, 4096 * kKiB}},
-      {"rndv_miss", Op::kRndvMiss, {64 * kKiB, 256 * kKiB, 1024 * kKiB, 4096 * kKiB}},
+      {"rndv_hit", Op::kRndvHit, {64 * kKiB, 1024 * kKiB, 4096 * kKiB}},
+      {"rndv_miss", Op::kRndvMiss, {64 * kKiB, 1024 * kKiB, 4096 * kKiB}},
   };
   for (const auto& o : ops) {
     for (const std::size_t size : o.sizes) {

@@ -47,7 +47,8 @@ while read -r name; do
 done <"$dir/names"
 EOF
 chmod +x "$out/guest.sh"
-GMD_VM_RESULTS_DIR=$out "$here/gtest/rxe/run-in-vm" "${root_args[@]}" -- \
+# Every benchmark, its runs and the VM's start take longer than run-in-vm's default limit.
+GMD_VM_TIMEOUT=${GMD_VM_TIMEOUT:-5400} GMD_VM_RESULTS_DIR=$out "$here/gtest/rxe/run-in-vm" "${root_args[@]}" -- \
   bash -c "'$out/guest.sh' '$bench' '$reps' '$filter' \"\$GMD_VM_RESULTS\"" >&2 || exit 1
 
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
