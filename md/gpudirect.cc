@@ -170,7 +170,13 @@ bool GpuDirectBackend::nicImportsDmabuf() noexcept {
 }
 
 bool GpuDirectBackend::takesDmabuf() noexcept {
-  return config_.dmabuf != DmabufPolicy::kOff && ops_->verbsHasDmabuf() && nicImportsDmabuf();
+  // Only a dma-buf registration uses the caller's fd: some GPU must have that method (which asks
+  // the NIC only where a GPU could use the answer).
+  const int n = memtype::Classifier::instance().deviceCount();
+  for (int d = 0; d < n && d < kMaxDevices; ++d) {
+    if (method(d) == GpuDirectMethod::kDmabuf) return true;
+  }
+  return false;
 }
 
 GpuDirectMethod GpuDirectBackend::probe(int device) noexcept {

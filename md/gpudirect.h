@@ -150,8 +150,8 @@ class GpuDirectBackend final : public rcache::Backend {
   GpuDirectMethod method(int device) noexcept;
   // Whether this MD's NIC imports dma-bufs (probed on first use, once; false without the verb).
   bool nicImportsDmabuf() noexcept;
-  // Whether a registration here can take the caller's dma-buf (UCT_MD_FLAG_REG_DMABUF): the policy
-  // allows dma-buf, libibverbs has the verb and the NIC imports dma-bufs.
+  // Whether a registration here can take the caller's dma-buf (UCT_MD_FLAG_REG_DMABUF): some GPU's
+  // method is dma-buf.
   bool takesDmabuf() noexcept;
   const GpuDirectConfig& config() const noexcept { return config_; }
   GpuDirectStats stats() const noexcept;

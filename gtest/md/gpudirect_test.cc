@@ -216,6 +216,7 @@ int callerDmabuf(std::size_t size) {
 // registered at the range's offset in it, no export of gmd's own, and it stays open (UCP closes it).
 TEST_F(GpuDirectTest, CallersDmabufIsRegisteredAtTheRangesOffsetAndLeftOpen) {
   GpuDirectBackend b(pd_, {}, &ops_);
+  EXPECT_TRUE(b.takesDmabuf());
   const int fd = callerDmabuf(4 * kMiB);  // the whole allocation, dev_ at its byte 0
   ASSERT_GE(fd, 0);
   const long exports = drv_.get("dmabuf_exports");
@@ -361,6 +362,8 @@ TEST_F(GpuDirectTest, PolicyOffNeverExports) {
   const long exports = drv_.get("dmabuf_exports");  // the fake counts over the whole process
   GpuDirectBackend b(pd_, {DmabufPolicy::kOff}, &ops_);
   EXPECT_EQ(b.method(0), GpuDirectMethod::kPeerMem);
+  EXPECT_FALSE(b.takesDmabuf()) << "no GPU registers by dma-buf: UCT_MD_FLAG_REG_DMABUF advertised";
+  EXPECT_TRUE(ops_.nic_probes.empty()) << "the NIC was asked though no GPU could use the answer";
   rcache::Registration r;
   ASSERT_EQ(b.reg(dev_, 4096, kRw, MemType::kCuda, &r), rcache::Status::kOk);
   EXPECT_EQ(drv_.get("dmabuf_exports"), exports);
