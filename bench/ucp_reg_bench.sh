@@ -9,7 +9,9 @@
 #
 #   bench/ucp_reg_bench.sh BUILD [SUITE] [REPS] [FILTER]
 #     BUILD   a build folder (build, build-trixie, build-sid)
-#     SUITE   the Debian root it was built in (trixie, sid; default: none, this machine's UCX)
+#     SUITE   the Debian root it was built in (trixie, sid; default: none, this machine's UCX), or
+#             pip:SPEC, the pip build of UCX it was built against (packaging/pip-ucx.sh build SPEC
+#             BUILD -DGMD_BUILD_BENCH=ON; that UCX has no IB transports, so no rc_verbs rows)
 #     FILTER  a regular expression on the benchmark names (default: all)
 #
 # Example: bench/ucp_reg_bench.sh build-sid sid 3 > ucp-reg-1.23.txt
@@ -22,7 +24,11 @@ filter=${4:-.}
 bench=$build/bench/gmd_bench
 [[ -x $bench ]] || { echo "no $bench (build with -DGMD_BUILD_BENCH=ON)" >&2; exit 2; }
 root_args=()
-if [[ -n $suite ]]; then
+env_file=/dev/null
+if [[ $suite == pip:* ]]; then
+  env_file=$build/ucp-reg-env.sh
+  "$here/packaging/pip-ucx.sh" env "${suite#pip:}" >"$env_file" || exit 1
+elif [[ -n $suite ]]; then
   root=$("$here/packaging/debian-root.sh" "$suite") || exit 1
   root_args=(--root "$root")
 fi
@@ -34,6 +40,7 @@ mkdir -p "$here/build" && out=$(mktemp -d "$here/build/ucp-reg-bench.XXXXXX") ||
 cat >"$out/guest.sh" <<'EOF'
 #!/bin/bash
 bench=$1 reps=$2 filter=$3 dir=$4
+source "$5"  # the UCX's environment (a pip build's library path), or nothing
 ulimit -l unlimited
 export UCX_GMD_PRINT_STATS=y
 "$bench" --benchmark_list_tests | grep '^UcpReg/' | grep -E -- "$filter" >"$dir/names"
@@ -49,7 +56,7 @@ EOF
 chmod +x "$out/guest.sh"
 # Every benchmark, its runs and the VM's start take longer than run-in-vm's default limit.
 GMD_VM_TIMEOUT=${GMD_VM_TIMEOUT:-5400} GMD_VM_RESULTS_DIR=$out "$here/gtest/rxe/run-in-vm" "${root_args[@]}" -- \
-  bash -c "'$out/guest.sh' '$bench' '$reps' '$filter' \"\$GMD_VM_RESULTS\"" >&2 || exit 1
+  bash -c "'$out/guest.sh' '$bench' '$reps' '$filter' \"\$GMD_VM_RESULTS\" '$env_file'" >&2 || exit 1
 
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
 echo "# UcpReg, $reps runs each, host CPU: $cpu (the VM emulates it: compare rows of one run only)"
