@@ -207,15 +207,31 @@ __attribute__((noinline)) RegionImpl* CacheImpl::fastHit(std::uintptr_t start, s
   std::uint64_t pos = slot->read_pos.load(std::memory_order_relaxed);
   const bool found = index_.top()->floor(start, &e, &pos);
   slot->read_pos.store(pos, std::memory_order_relaxed);
+  bool taken = false;
   if (found && e.region != nullptr && e.end >= end) {
     r = e.region;
-    hit = (resolver == nullptr ? (r->access() & access) == access : r->serves(access, *resolver)) &&
-          r->tryAcquire(&prev);
+    if (resolver == nullptr ? (r->access() & access) == access : r->serves(access, *resolver)) {
+      // The hold this thread parked at its last put() of r, if it is still there: one CAS on our
+      // own slot's line. Else a new hold: one CAS on the region's state word.
+      void* mine = r;
+      taken = slot->parked.load(std::memory_order_relaxed) == mine &&
+              slot->parked.compare_exchange_strong(mine, nullptr, std::memory_order_acquire,
+                                                   std::memory_order_relaxed);
+      hit = taken || r->tryAcquire(&prev);
+    }
   }
   slot->epoch.store(0, std::memory_order_release);
   if (!hit) return nullptr;
+  if (taken) {
+    // Our hold keeps r alive; it may have been invalidated since it was parked.
+    if (__builtin_expect((r->state_.load(std::memory_order_acquire) & kInvalid) != 0, 0)) {
+      releaseTaken(r);
+      return nullptr;
+    }
+  } else if (prev == 0) {
+    addUnused(slot, -static_cast<std::int64_t>(r->length()));
+  }
   bump(slot->hits, std::uint64_t{1});
-  if (prev == 0) addUnused(slot, -static_cast<std::int64_t>(r->length()));
   return r;
 }
 
@@ -246,7 +262,39 @@ void CacheImpl::put(Region* region) noexcept {
   // reads only the region's own line.
   const std::uint32_t gen = fork_gen_.load(std::memory_order_relaxed);
   const bool orphan = gen != 0 && r->forkGen() != gen;
+  bool repark = false;
+  if (__builtin_expect(slot != nullptr && !orphan, 1)) {
+    void* parked = slot->parked.load(std::memory_order_relaxed);
+    const std::uint32_t s = r->state_.load(std::memory_order_relaxed);
+    // No hold at all (a caller's mistake): the path below says so. A legitimate put() always
+    // sees at least its own hold.
+    if (parked == nullptr && (s & kInvalid) == 0 && (s & kHolderMask) != 0) {
+      // Park the hold: no read-modify-write (see "Parked holds" below).
+      slot->parked.store(r, std::memory_order_release);
+      if (attention_.load(std::memory_order_acquire) != 0) finishWork();
+      return;
+    }
+    // r's hold is parked here already: this thread held r twice, or releases it twice. Take the
+    // parked one out (a writer may be taking it out too) and count what is left.
+    if (parked == r && slot->parked.compare_exchange_strong(parked, nullptr,
+                                                            std::memory_order_acquire,
+                                                            std::memory_order_relaxed)) {
+      if ((r->state_.load(std::memory_order_acquire) & kHolderMask) == 1) {
+        // The parked hold is its only one: this put() releases a hold nobody has.
+        slot->parked.store(r, std::memory_order_release);
+        log(LogLevel::kWarn, kModule, "put(%p): region is not held", static_cast<void*>(r));
+        return;
+      }
+      repark = true;  // release this hold below, park the other one again after
+    }
+  }
   const std::uint32_t prev = r->state_.fetch_sub(1, std::memory_order_acq_rel);
+  if (repark) {
+    // At least the parked hold is left: not the last holder.
+    slot->parked.store(r, std::memory_order_release);
+    if (attention_.load(std::memory_order_acquire) != 0) finishWork();
+    return;
+  }
   if (__builtin_expect((prev & kHolderMask) == 1, 1)) {
     // The last holder. A valid region stays cached (unused); an invalid one is ours to deregister.
     // A region from before a fork() (in the child) is an orphan: out of every index, left alone.
@@ -290,6 +338,7 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
   Status st = Status::kOk;
   {
     WriterGuard g(lock_);
+    unparkAll_locked();
     applyQueued_locked();
     // The walk starts where our failed lookup ended, if that still answers it (the lookup left
     // the leaf and its lines in our cache; in a big cache the search is most of a walk).
@@ -542,6 +591,7 @@ __attribute__((noinline)) void CacheImpl::finishWork(bool force_collect) noexcep
     Reclaimed freeable;
     {
       WriterGuard g(lock_);
+      unparkAll_locked();
       applyQueued_locked();
       enforceUnused_locked();
       dead = takeDead_locked();
@@ -582,9 +632,52 @@ __attribute__((noinline)) void CacheImpl::releaseInvalid(RegionImpl* r) noexcept
   freeList(freeable);
 }
 
+// Parked holds. put() of a valid region keeps the hold in the calling thread's reader slot when
+// the slot has none, instead of decrementing the region's state word; the thread's next hit on
+// that region takes it back with a compare-and-swap on its own slot. A hit and its release then
+// cost one atomic read-modify-write instead of two: what a rendezvous protocol or a loop over one
+// buffer does. A parked hold is a hold like any other (the region stays alive and registered,
+// counts as in use, is not evicted), so every writer pass first takes every slot's parked hold out
+// (exchange to null) and releases it: writers never see a hold that no caller has, invalidations
+// count it as unused, and eviction may take it. The owner stores into its slot only while it is
+// null, everyone else only takes out of it, so each parked hold is released exactly once: by the
+// owner's compare-and-swap (then it is the owner's again) or by the exchange that took it.
+void CacheImpl::unparkAll_locked() noexcept {
+  reclaim_.slots.forEach([this](ReaderSlot& rs) {
+    if (rs.parked.load(std::memory_order_relaxed) == nullptr) return;
+    auto* r = static_cast<RegionImpl*>(rs.parked.exchange(nullptr, std::memory_order_acquire));
+    if (r == nullptr) return;
+    const std::uint32_t prev = r->state_.fetch_sub(1, std::memory_order_acq_rel);
+    if ((prev & kHolderMask) != 1) return;  // others hold it still
+    const auto len = static_cast<std::int64_t>(r->length());
+    if ((prev & kInvalid) == 0) {
+      unused_shared_.fetch_add(len, std::memory_order_relaxed);  // cached, unused
+      return;
+    }
+    // Invalidated while parked, and this was its last hold: deregistered by the next pass
+    // outside the lock, as an unused region invalidated (no deregistration under lock_).
+    bump(regions_, std::int64_t{-1});
+    bump(pinned_, -len);
+    pushDead_locked(r);
+  });
+}
+
+// A parked hold taken back by its owner's hit, on a region invalidated since: released as put()
+// releases an invalid region.
+__attribute__((noinline)) void CacheImpl::releaseTaken(RegionImpl* r) noexcept {
+  const std::uint32_t prev = r->state_.fetch_sub(1, std::memory_order_acq_rel);
+  if ((prev & kHolderMask) == 1) releaseInvalid(r);
+}
+
 void CacheImpl::progress() noexcept { finishWork(/*force_collect=*/true); }
 
 Stats CacheImpl::stats() const noexcept {
+  {
+    // Parked holds are nobody's: counted as what they are (unused, or invalid and dead) first.
+    auto* self = const_cast<CacheImpl*>(this);
+    WriterGuard g(self->lock_);
+    self->unparkAll_locked();
+  }
   Stats s;
   s.hits = slow_hits_.load(std::memory_order_relaxed);
   reclaim_.slots.forEach(

@@ -231,6 +231,11 @@ class CacheImpl final : public Cache {
   bool insert_locked(RegionImpl* r) noexcept;
   void retireRegions_locked(RegionImpl* list) noexcept;
 
+  // Parked holds (cache.cc): every reader slot's parked hold released, so that writers see the
+  // holds the callers have (eviction, invalidation counts, the unused bytes).
+  void unparkAll_locked() noexcept;
+  void releaseTaken(RegionImpl* r) noexcept;
+
   void finishWork(bool force_collect = false) noexcept;
   void releaseInvalid(RegionImpl* r) noexcept;
   void deregister(RegionImpl* r) noexcept;

@@ -90,6 +90,7 @@ void CacheImpl::dropUnusedBeforeFork() noexcept {
   std::size_t n;
   {
     WriterGuard g(lock_);
+    unparkAll_locked();
     applyQueued_locked();
     n = evictAllUnused_locked();
   }
@@ -125,6 +126,7 @@ void CacheImpl::forkChild() noexcept {
   reclaim_.slots.forEach([](ReaderSlot& s) {
     s.epoch.store(0, std::memory_order_relaxed);
     s.unused_delta.store(0, std::memory_order_relaxed);
+    s.parked.store(nullptr, std::memory_order_relaxed);  // the parent's region: abandoned
   });
   regions_.store(0, std::memory_order_relaxed);
   pinned_.store(0, std::memory_order_relaxed);

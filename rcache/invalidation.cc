@@ -17,6 +17,7 @@ void CacheImpl::invalidate(const void* address, std::size_t length) noexcept {
   // queue, and no raising of attention_, whose two read-modify-writes every other get() would
   // see. When invalidate() returns, the regions it overlaps are out of the index either way.
   if (lock_.try_lock()) {
+    unparkAll_locked();
     applyQueued_locked(/*wait=*/false, &r);
     lock_.unlock();
     return;
@@ -24,6 +25,7 @@ void CacheImpl::invalidate(const void* address, std::size_t length) noexcept {
   attention_.fetch_add(1, std::memory_order_seq_cst);
   queue_.push(r);
   if (lock_.try_lock()) {
+    unparkAll_locked();
     applyQueued_locked(/*wait=*/false);
     lock_.unlock();
   }

@@ -55,6 +55,12 @@ struct alignas(kCacheLine) ReaderSlot {
   // Owner only: where this thread's last lookup ended in the cache's index (a ReadPos of
   // rcache/index.h; only ever a guess, checked before use).
   std::atomic<std::uint64_t> read_pos{~std::uint64_t{0}};
+  // The hold the owner kept at its last put() of a valid region (a RegionImpl*, null when none),
+  // so that its next hit on that region takes it back with one compare-and-swap on this line
+  // instead of one on the region's and no read-modify-write at put() (rcache/cache.cc, "Parked
+  // holds"). The owner stores a region into it only while it is null; everyone else only takes
+  // it out (exchange / compare-and-swap to null), and writers do so at each pass (lock_).
+  std::atomic<void*> parked{nullptr};
 };
 
 // The reader slots of one cache and its global epoch. Slots are allocated in chunks on first use

@@ -706,6 +706,86 @@ TEST_F(RcacheTest, BadInputPutOfUnheldRegionIsRefused) {
   EXPECT_EQ(be_.live(), 1);
 }
 
+// ---- Parked holds (rcache/cache.cc): put() keeps a valid region's hold in its thread's slot, and
+// the thread's next hit on it takes it back; every writer pass takes the parked holds out first.
+
+// Counted as what it is: unused once released, in use again once hit, with one registration.
+TEST_F(RcacheTest, ReleasedRegionIsUnusedInTheStatsAndHitAgain) {
+  Region* a = get(0, 1);
+  put(a);
+  EXPECT_EQ(cache_->stats().unused_bytes, kPage);
+  Region* b = get(0, 1);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(cache_->stats().unused_bytes, 0u);
+  EXPECT_EQ(cache_->stats().hits, 1u);
+  put(b);
+  EXPECT_EQ(be_.regCalls(), 1);
+  EXPECT_EQ(be_.live(), 1);
+}
+
+// A hold parked by a thread that is gone is nobody's: the next invalidation counts the region as
+// unused and it is deregistered, as if that thread had released it.
+TEST_F(RcacheTest, ParkedHoldOfAThreadThatExitedIsReleasedByAnInvalidation) {
+  FakeBackend::Record* ra = nullptr;
+  std::thread t([&] {
+    Region* a = get(0, 1);
+    ra = FakeBackend::record(a);
+    put(a);
+  });
+  t.join();
+  invalidate(0, 1);
+  cache_->progress();
+  ASSERT_NE(ra, nullptr);
+  EXPECT_EQ(ra->deregs.load(), 1);
+  EXPECT_EQ(be_.live(), 0);
+  const Stats s = cache_->stats();
+  EXPECT_EQ(s.regions, 0u);
+  EXPECT_EQ(s.invalidations_unused, 1u);
+  EXPECT_EQ(s.invalidations_in_use, 0u);
+}
+
+// The owner taking its parked hold back against writers taking it out: another thread hits and
+// releases page 0 in a loop while this one makes writer passes (a miss and an invalidation of
+// page 2 each round). Each hold is released once: page 0 is never deregistered while held (the
+// oracle), never registered again, and deregistered once after its own invalidation.
+TEST_F(RcacheTest, ParkedHoldsTakenBackAndTakenOutConcurrently) {
+  Region* a0 = get(0, 1);
+  FakeBackend::Record* ra = FakeBackend::record(a0);
+  put(a0);
+  std::atomic<bool> stop{false};
+  std::atomic<long> hits{0};
+  std::thread t([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      Region* a = get(0, 1);
+      if (a == nullptr) return;
+      if (FakeBackend::record(a) != ra) {
+        ADD_FAILURE() << "page 0 registered again";
+        put(a);
+        return;
+      }
+      put(a);
+      hits.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
+  for (int i = 0; i < 5000 || hits.load() < 1000; ++i) {
+    put(get(2, 1));
+    invalidate(2, 1);
+    if (i > 1000000) break;
+  }
+  stop = true;
+  t.join();
+  EXPECT_GE(hits.load(), 1000);
+  EXPECT_EQ(ra->deregs.load(), 0);
+  Region* a = get(0, 1);
+  EXPECT_EQ(FakeBackend::record(a), ra);
+  put(a);
+  invalidate(0, 1);
+  cache_->progress();
+  EXPECT_EQ(ra->deregs.load(), 1);
+  EXPECT_EQ(be_.live(), 0);
+  EXPECT_EQ(cache_->stats().regions, 0u);
+}
+
 TEST(RcacheConfig, InvalidLimitsAreRejected) {
   std::unique_ptr<Cache> c;
   Config cfg;
