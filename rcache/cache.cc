@@ -643,15 +643,35 @@ __attribute__((noinline)) void CacheImpl::releaseInvalid(RegionImpl* r) noexcept
 // null, everyone else only takes out of it, so each parked hold is released exactly once: by the
 // owner's compare-and-swap (then it is the owner's again) or by the exchange that took it.
 void CacheImpl::unparkAll_locked() noexcept {
-  reclaim_.slots.forEach([this](ReaderSlot& rs) {
+  ReaderSlot* const mine = mySlot();
+  reclaim_.slots.forEach([this, mine](ReaderSlot& rs) {
     if (rs.parked.load(std::memory_order_relaxed) == nullptr) return;
-    auto* r = static_cast<RegionImpl*>(rs.parked.exchange(nullptr, std::memory_order_acquire));
-    if (r == nullptr) return;
+    RegionImpl* r;
+    if (&rs == mine) {
+      // Our own slot: only its owner (us, in this pass) and writers (lock_, ours) write it.
+      r = static_cast<RegionImpl*>(rs.parked.load(std::memory_order_relaxed));
+      rs.parked.store(nullptr, std::memory_order_relaxed);
+    } else {
+      r = static_cast<RegionImpl*>(rs.parked.exchange(nullptr, std::memory_order_acquire));
+      if (r == nullptr) return;
+    }
     const std::uint32_t prev = r->state_.fetch_sub(1, std::memory_order_acq_rel);
     if ((prev & kHolderMask) != 1) return;  // others hold it still
     const auto len = static_cast<std::int64_t>(r->length());
     if ((prev & kInvalid) == 0) {
-      unused_shared_.fetch_add(len, std::memory_order_relaxed);  // cached, unused
+      // Cached, unused: counted in our own slot's share when it stays within its bound, as put()
+      // counts it (the unused limit is enforced by the pass's enforceUnused_locked()).
+      if (mine == nullptr) {
+        unused_shared_.fetch_add(len, std::memory_order_relaxed);
+        return;
+      }
+      const std::int64_t v = mine->unused_delta.load(std::memory_order_relaxed) + len;
+      if (v <= unused_flush_bound_ && v >= -unused_flush_bound_) {
+        mine->unused_delta.store(v, std::memory_order_relaxed);
+      } else {
+        mine->unused_delta.store(0, std::memory_order_relaxed);
+        unused_shared_.fetch_add(v, std::memory_order_relaxed);
+      }
       return;
     }
     // Invalidated while parked, and this was its last hold: deregistered by the next pass
