@@ -1,6 +1,7 @@
 // The registration cache (internal to rcache/): CacheImpl ties the index, reclamation, the
-// invalidation queue and the eviction order together. Defined in cache.cc (lookups, misses,
-// invalidation, deferred work), eviction.cc (limits and LRU eviction) and fork.cc (fork()).
+// invalidation queue and the eviction order together. Defined in cache.cc (lookups, misses, parked
+// holds), invalidation.cc (invalidation), deferred.cc (dead regions, deferred deregistration and
+// reclamation), eviction.cc (limits and LRU eviction) and fork.cc (fork()).
 // See rcache/README.md for the invariants and docs/rcache.md for the design.
 //
 // Thread safety: every public member from any thread (the Cache contract). Writers (misses,
@@ -225,10 +226,11 @@ class CacheImpl final : public Cache {
   void enforceUnused_locked() noexcept;
   std::size_t evictAllUnused_locked() noexcept;
   // cache.cc
+  bool insert_locked(RegionImpl* r) noexcept;
+  // deferred.cc
   void pushDead_locked(RegionImpl* r) noexcept;
   RegionImpl* takeDead_locked() noexcept;
   void setWork_locked(bool on) noexcept;
-  bool insert_locked(RegionImpl* r) noexcept;
   void retireRegions_locked(RegionImpl* list) noexcept;
 
   // Parked holds (cache.cc): every reader slot's parked hold released, so that writers see the
@@ -236,6 +238,7 @@ class CacheImpl final : public Cache {
   void unparkAll_locked() noexcept;
   void releaseTaken(RegionImpl* r) noexcept;
 
+  // deferred.cc
   void finishWork(bool force_collect = false) noexcept;
   void releaseInvalid(RegionImpl* r) noexcept;
   void deregister(RegionImpl* r) noexcept;
