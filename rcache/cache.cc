@@ -223,9 +223,12 @@ __attribute__((noinline)) RegionImpl* CacheImpl::fastHit(std::uintptr_t start, s
   slot->epoch.store(0, std::memory_order_release);
   if (!hit) return nullptr;
   if (taken) {
-    // Our hold keeps r alive; it may have been invalidated since it was parked.
+    // Our hold keeps r alive; it may have been invalidated since it was parked. Then it goes
+    // back where it was, for the next writer pass to release (and deregister): the hit path
+    // never takes the lock nor deregisters (find() promises not to wait for the lock; get()
+    // goes on to its slow path, which is such a pass).
     if (__builtin_expect((r->state_.load(std::memory_order_acquire) & kInvalid) != 0, 0)) {
-      releaseTaken(r);
+      slot->parked.store(r, std::memory_order_release);
       return nullptr;
     }
   } else if (prev == 0) {
@@ -561,13 +564,6 @@ void CacheImpl::unparkAll_locked() noexcept {
     bump(pinned_, -len);
     pushDead_locked(r);
   });
-}
-
-// A parked hold taken back by its owner's hit, on a region invalidated since: released as put()
-// releases an invalid region.
-__attribute__((noinline)) void CacheImpl::releaseTaken(RegionImpl* r) noexcept {
-  const std::uint32_t prev = r->state_.fetch_sub(1, std::memory_order_acq_rel);
-  if ((prev & kHolderMask) == 1) releaseInvalid(r);
 }
 
 

@@ -236,7 +236,6 @@ class CacheImpl final : public Cache {
   // Parked holds (cache.cc): every reader slot's parked hold released, so that writers see the
   // holds the callers have (eviction, invalidation counts, the unused bytes).
   void unparkAll_locked() noexcept;
-  void releaseTaken(RegionImpl* r) noexcept;
 
   // deferred.cc
   void finishWork(bool force_collect = false) noexcept;
