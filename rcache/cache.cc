@@ -133,15 +133,19 @@ __attribute__((noinline)) ReaderSlot* CacheImpl::mySlotSlow() noexcept {
 }
 
 // The slot's delta passed its bound (or there is no slot): move it to the shared counter.
-__attribute__((noinline)) void CacheImpl::flushUnused(ReaderSlot* slot,
-                                                      std::int64_t delta) noexcept {
+bool CacheImpl::moveUnused(ReaderSlot* slot, std::int64_t delta) noexcept {
   std::int64_t v = delta;
   if (slot != nullptr) {
     v += slot->unused_delta.load(std::memory_order_relaxed);
     slot->unused_delta.store(0, std::memory_order_relaxed);
   }
   const std::int64_t total = unused_shared_.fetch_add(v, std::memory_order_relaxed) + v;
-  if (delta > 0 && total > static_cast<std::int64_t>(config_.max_unused_bytes)) {
+  return delta > 0 && total > static_cast<std::int64_t>(config_.max_unused_bytes);
+}
+
+__attribute__((noinline)) void CacheImpl::flushUnused(ReaderSlot* slot,
+                                                      std::int64_t delta) noexcept {
+  if (moveUnused(slot, delta)) {
     // Over the unused limit: have the next caller (or this put) evict.
     WriterGuard g(lock_);
     setWork_locked(true);
@@ -292,12 +296,8 @@ void CacheImpl::put(Region* region) noexcept {
     }
   }
   const std::uint32_t prev = r->state_.fetch_sub(1, std::memory_order_acq_rel);
-  if (repark) {
-    // At least the parked hold is left: not the last holder.
-    slot->parked.store(r, std::memory_order_release);
-    if (attention_.load(std::memory_order_acquire) != 0) finishWork();
-    return;
-  }
+  // At least the parked hold is left (prev >= 2): not the last holder, nothing below applies.
+  if (repark) slot->parked.store(r, std::memory_order_release);
   if (__builtin_expect((prev & kHolderMask) == 1, 1)) {
     // The last holder. A valid region stays cached (unused); an invalid one is ours to deregister.
     // A region from before a fork() (in the child) is an orphan: out of every index, left alone.
@@ -543,19 +543,9 @@ void CacheImpl::unparkAll_locked() noexcept {
     if ((prev & kHolderMask) != 1) return;  // others hold it still
     const auto len = static_cast<std::int64_t>(r->length());
     if ((prev & kInvalid) == 0) {
-      // Cached, unused: counted in our own slot's share when it stays within its bound, as put()
-      // counts it (the unused limit is enforced by the pass's enforceUnused_locked()).
-      if (mine == nullptr) {
-        unused_shared_.fetch_add(len, std::memory_order_relaxed);
-        return;
-      }
-      const std::int64_t v = mine->unused_delta.load(std::memory_order_relaxed) + len;
-      if (v <= unused_flush_bound_ && v >= -unused_flush_bound_) {
-        mine->unused_delta.store(v, std::memory_order_relaxed);
-      } else {
-        mine->unused_delta.store(0, std::memory_order_relaxed);
-        unused_shared_.fetch_add(v, std::memory_order_relaxed);
-      }
+      // Cached, unused: counted as put() counts it, in our own slot's share (we hold lock_, so
+      // over the limit we raise the work bit ourselves).
+      if (!addUnusedInSlot(mine, len) && moveUnused(mine, len)) setWork_locked(true);
       return;
     }
     // Invalidated while parked, and this was its last hold: deregistered by the next pass

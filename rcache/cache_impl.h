@@ -190,17 +190,22 @@ class CacheImpl final : public Cache {
   // The calling thread's slot in this cache (null past kMaxThreads threads or on no memory).
   ReaderSlot* mySlot() noexcept;
   ReaderSlot* mySlotSlow() noexcept;
+  // Adds `delta` to the unused bytes in `slot`'s share when it stays within its bound; false when
+  // it would not (nothing changed then: the caller flushes).
+  bool addUnusedInSlot(ReaderSlot* slot, std::int64_t delta) noexcept {
+    if (slot == nullptr) return false;
+    const std::int64_t v = slot->unused_delta.load(std::memory_order_relaxed) + delta;
+    if (__builtin_expect(v > unused_flush_bound_ || v < -unused_flush_bound_, 0)) return false;
+    slot->unused_delta.store(v, std::memory_order_relaxed);
+    return true;
+  }
   void addUnused(ReaderSlot* slot, std::int64_t delta) noexcept {
-    if (slot != nullptr) {
-      const std::int64_t v = slot->unused_delta.load(std::memory_order_relaxed) + delta;
-      if (__builtin_expect(v <= unused_flush_bound_ && v >= -unused_flush_bound_, 1)) {
-        slot->unused_delta.store(v, std::memory_order_relaxed);
-        return;
-      }
-    }
-    flushUnused(slot, delta);
+    if (!addUnusedInSlot(slot, delta)) flushUnused(slot, delta);
   }
   void flushUnused(ReaderSlot* slot, std::int64_t delta) noexcept;
+  // The slot's share and `delta` moved to the shared counter; true when that went over the unused
+  // limit (then someone must evict: setWork_locked(true)).
+  bool moveUnused(ReaderSlot* slot, std::int64_t delta) noexcept;
   // LRU order without a shared write on the hit path: a Lamport clock. Each thread ticks its own
   // counter, never behind lru_clock_; writers move lru_clock_ past every thread's counter at each
   // miss. Exact within a thread, and across threads between two misses.
