@@ -35,9 +35,9 @@ if [[ $suite == bookworm ]]; then
   in_place() { (cd "$here" && bash -c "$*"); }
 elif [[ $suite == pip:* ]]; then
   spec=${suite#pip:}
-  "$here/packaging/pip-ucx.sh" build "$spec" "$here/$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DGMD_BUILD_TESTS=OFF -DGMD_BUILD_BENCH=ON -- --target gmd_bench >&2
-  configure=true
+  # pip-ucx.sh configures against the wheel (its pkg-config files) and builds.
+  configure="packaging/pip-ucx.sh build '$spec' '$here/$build' -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DGMD_BUILD_TESTS=OFF -DGMD_BUILD_BENCH=ON -- --target gmd_bench"
   pip_env=$("$here/packaging/pip-ucx.sh" env "$spec")
   in_place() { (cd "$here" && eval "$pip_env" && bash -c "$*"); }
 else
