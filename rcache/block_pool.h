@@ -12,7 +12,8 @@
 // slab that malloc maps lies exactly on its spans (its header in the first span's lead), so the
 // spans cost their size (a 4 KiB-aligned malloc per span would leave a free gap beside each one).
 // The first block of each slab links the slabs. Without companions, blocks are carved from 64 KiB
-// chunks aligned to kAlign, whose first block links them.
+// chunks aligned to kAlign, linked through the room past their last block (or their first block
+// where there is none: every leaf class has room).
 //
 // Blocks are handed back to the pool, never to malloc; chunks and slabs are freed with the pool.
 // Under AddressSanitizer every block (and its companion, right after it) is its own heap
@@ -69,7 +70,7 @@ class BlockPool {
     while (chunks_ != nullptr) {
       Chunk* next = chunks_->next;
       if constexpr (kPair == 0) {
-        ::operator delete (static_cast<void*>(chunks_), std::align_val_t{kAlign});
+        ::operator delete (chunks_->mem, std::align_val_t{kAlign});
       } else {
         std::free(chunks_->mem);
       }
@@ -178,6 +179,11 @@ class BlockPool {
   static constexpr std::size_t kChunkBytes = std::size_t{64} << 10;
   static constexpr std::size_t kPerChunk = kChunkBytes / kBlock;
   static_assert(kPerChunk >= 2 && kBlock >= sizeof(Chunk));
+  // Where a chunk's link lies: past its last block when the blocks leave room for it.
+  static constexpr std::size_t kTailAt =
+      (kPerChunk * kBlock + alignof(Chunk) - 1) / alignof(Chunk) * alignof(Chunk);
+  static constexpr bool kLinkInTail = kTailAt + sizeof(Chunk) <= kChunkBytes;
+  static constexpr std::size_t kLinkAt = kLinkInTail ? kTailAt : 0;
   static_assert(kPair == 0 || (kPerSpan >= 2 && kPairsAt >= kLeadBytes && kBlocksAt % kBlock == 0 &&
                                kPair % alignof(void*) == 0));
   static constexpr std::size_t kMinSlabSpans = 4;
@@ -189,12 +195,12 @@ class BlockPool {
     } else {
       void* p = ::operator new (kChunkBytes, std::align_val_t{kAlign}, std::nothrow);
       if (p == nullptr) return false;
-      auto* c = static_cast<Chunk*>(p);
+      auto* base = static_cast<unsigned char*>(p);
+      auto* c = reinterpret_cast<Chunk*>(base + kLinkAt);
       c->next = chunks_;
       c->mem = p;
       chunks_ = c;
-      auto* base = static_cast<unsigned char*>(p);
-      for (std::size_t i = kPerChunk - 1; i >= 1; --i) push(base + i * kBlock);
+      for (std::size_t i = kPerChunk; i-- > (kLinkInTail ? 0 : 1);) push(base + i * kBlock);
       return true;
     }
   }
