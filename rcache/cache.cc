@@ -66,7 +66,7 @@ CacheImpl::~CacheImpl() {
     IndexT::LeafT* leaf = top->leaf(i);
     const std::size_t n = leaf->count();
     for (std::size_t k = 0; k < n; ++k) {
-      RegionImpl* r = leaf->entry(k).region;
+      RegionImpl* r = leaf->entry(k).region();
       const std::uint32_t s = r->state_.load(std::memory_order_acquire);
       if ((s & kInvalid) != 0) continue;  // owned by a holder (a contract breach) or a zombie
       if ((s & kHolderMask) != 0) ++held;
@@ -212,8 +212,8 @@ __attribute__((noinline)) RegionImpl* CacheImpl::fastHit(std::uintptr_t start, s
   const bool found = index_.top()->floor(start, &e, &pos);
   slot->read_pos.store(pos, std::memory_order_relaxed);
   bool taken = false;
-  if (found && e.region != nullptr && e.end >= end) {
-    r = e.region;
+  if (found && e.word != 0 && e.reaches(end)) {
+    r = e.region();
     if (resolver == nullptr ? (r->access() & access) == access : r->serves(access, *resolver)) {
       // The hold this thread parked at its last put() of r, if it is still there: one CAS on our
       // own slot's line. Else a new hold: one CAS on the region's state word.
@@ -352,15 +352,15 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
     std::uint64_t prev = 0;
     index_.forEachOverlap(rq.start, rq.end, [&](const Entry& o) {
       ++overlaps;
-      RegionImpl* r = o.region;
-      if (hit == nullptr && o.start <= rq.start && o.end >= rq.end && r->serves(access, resolver) &&
-          r->tryAcquire(&prev)) {
+      RegionImpl* r = o.region();
+      if (hit == nullptr && o.start <= rq.start && o.end() >= rq.end &&
+          r->serves(access, resolver) && r->tryAcquire(&prev)) {
         hit = r;
       }
       if ((r->state_.load(std::memory_order_relaxed) & kInvalid) != 0) return;
       if (r->memType() != type || r->backend() != backend) return;
       want.start = std::min(want.start, o.start);
-      want.end = std::max(want.end, o.end);
+      want.end = std::max(want.end, o.end());
       want_access |= r->access();
     });
     insertions0 = index_.insertions();
@@ -483,7 +483,7 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
       // `want` (then want == rq) and nothing was inserted since, nothing overlaps it.
       if (overlaps != 0 || index_.insertions() != insertions0) {
         index_.forEachOverlap(want.start, want.end, [&](const Entry& o) {
-          RegionImpl* r = o.region;
+          RegionImpl* r = o.region();
           const bool same = r->memType() == type && r->backend() == backend;
           if (markInvalid_locked(r, same ? DoomReason::kMerged : DoomReason::kStale)) {
             merged = merged || same;

@@ -15,13 +15,13 @@ void Index<Node>::forEachOverlap(std::uintptr_t start, std::uintptr_t end, F f) 
   remember(i, k);
   if (k != 0) {
     --k;  // the floor entry; it overlaps if it reaches past start
-    if (leaf->entry(k).end <= start) ++k;
+    if (leaf->entry(k).end() <= start) ++k;
   } else if (i != 0) {
     const LeafT* prev = top->leaf(i - 1);
     const std::size_t n = prev->count();
     if (n != 0) {
       const Entry last = prev->entry(n - 1);
-      if (last.end > start) f(last);
+      if (last.end() > start) f(last);
     }
   }
   for (; i < top->size; ++i, k = 0) {
@@ -82,7 +82,7 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
   // Whether entry e is the next one of the drop list d (advanced past the entries it skips).
   auto dropped = [](const Entry& e, const Node*& d) {
     while (d != nullptr && d->start() < e.start) d = d->next_unindex_;
-    if (d != e.region) return false;
+    if (d != e.region()) return false;
     d = d->next_unindex_;
     return true;
   };
@@ -119,7 +119,7 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
       old->beginEdit();
       if (size + (add != nullptr ? 1 : 0) - n == 1) {
         // One removal, at `at`: close the gap from the nearer end.
-        old->slotEntry(f + at).region->in_index_ = false;
+        old->slotEntry(f + at).region()->in_index_ = false;
         if (at < size - 1 - at) {
           for (std::size_t k = at; k > 0; --k) old->setSlot(f + k, old->slotEntry(f + k - 1));
           ++f;
@@ -138,7 +138,7 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
         for (std::size_t k = at; k < size; ++k) {
           const Entry e = old->slotEntry(f + k);
           if (d != nullptr && dropped(e, d)) {
-            e.region->in_index_ = false;
+            e.region()->in_index_ = false;
             continue;
           }
           if (j != k) old->setSlot(f + j, e);
@@ -156,7 +156,7 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
         } else {
           for (std::size_t k = j; k > p; --k) old->setSlot(f + k, old->slotEntry(f + k - 1));
         }
-        old->setSlot(f + p, Entry{add->start(), add->end(), add});
+        old->setSlot(f + p, Entry::of(add));
         ++j;
         old->setShape(f, j);
         add->in_index_ = true;
@@ -176,12 +176,12 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
     for (std::size_t k = 0; k < n; ++k) {
       const Entry e = l->slotEntry(f + k);
       if (a != nullptr && a->start() < e.start) {
-        out[j++] = Entry{a->start(), a->end(), a};
+        out[j++] = Entry::of(a);
         a = nullptr;
       }
       if (!dropped(e, d)) out[j++] = e;
     }
-    if (a != nullptr) out[j++] = Entry{a->start(), a->end(), a};
+    if (a != nullptr) out[j++] = Entry::of(a);
     return j;
   };
   auto makeLeaf = [](const Entry* from, std::size_t n) {
@@ -201,7 +201,7 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
       old->startAt(size - 1) < add->start()) {
     LeafT* next = LeafT::allocate(kLeafMax);
     if (next == nullptr) return false;
-    next->setSlot(0, Entry{add->start(), add->end(), add});
+    next->setSlot(0, Entry::of(add));
     next->setShape(0, 1);
     LeafT* const leaves[1] = {next};
     const std::uintptr_t keys[1] = {add->start()};
@@ -276,7 +276,7 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
   const Node* d = drop;
   for (std::size_t k = 0; k < size && d != nullptr; ++k) {
     const Entry e = old->entry(k);
-    if (dropped(e, d)) e.region->in_index_ = false;
+    if (dropped(e, d)) e.region()->in_index_ = false;
   }
   if (add != nullptr) add->in_index_ = true;
   return true;

@@ -36,7 +36,7 @@ void CacheImpl::applyQueued_locked(bool wait, const Range* also) noexcept {
   doom_batch_ = DoomBatch{true, 0, 0};  // one update of the shared counters per drain
   auto apply = [&](Range r) {
     index_.forEachOverlap(r.start, r.end, [&](const Entry& e) {
-      markInvalid_locked(e.region, DoomReason::kInvalidated);
+      markInvalid_locked(e.region(), DoomReason::kInvalidated);
     });
   };
   const std::uint64_t n = queue_.drain(wait, apply, &over);

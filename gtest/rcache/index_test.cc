@@ -17,7 +17,7 @@
 namespace gmd::rcache::detail {
 namespace {
 
-struct Node {
+struct alignas(64) Node {  // entries keep lengths in the low bits of a node's address
   std::uintptr_t s = 0, e = 0;
   std::uintptr_t start() const { return s; }
   std::uintptr_t end() const { return e; }
@@ -94,10 +94,10 @@ class IndexTest : public ::testing::Test {
         EXPECT_GE(e.start, lo);
         EXPECT_LT(e.start, hi);
         EXPECT_GE(e.start, prev_end) << "entries overlap or are out of order";
-        EXPECT_EQ(e.start, e.region->s);
-        EXPECT_EQ(e.end, e.region->e);
-        prev_end = e.end;
-        seen.push_back(e.region);
+        EXPECT_EQ(e.start, e.region()->s);
+        EXPECT_EQ(e.end(), e.region()->e);
+        prev_end = e.end();
+        seen.push_back(e.region());
       }
     }
     std::vector<Node*> want;
@@ -107,7 +107,7 @@ class IndexTest : public ::testing::Test {
   // The floor entry (copied into last_floor_), or null.
   const TestIndex::Entry* floor(std::uintptr_t addr) {
     EXPECT_TRUE(index_->top()->floor(addr, &last_floor_)) << "no writer edits the leaf";
-    return last_floor_.region != nullptr ? &last_floor_ : nullptr;
+    return last_floor_.region() != nullptr ? &last_floor_ : nullptr;
   }
   TestIndex::Entry last_floor_{};
 
@@ -133,10 +133,10 @@ TEST_F(IndexTest, FloorIsTheEntryWithTheGreatestStartAtOrBelow) {
   insert(a);
   insert(b);
   EXPECT_EQ(floor(9 * kPage + 4095), nullptr);
-  EXPECT_EQ(floor(10 * kPage)->region, a);
-  EXPECT_EQ(floor(19 * kPage)->region, a) << "floor, even past a's end: the caller checks end";
-  EXPECT_EQ(floor(20 * kPage)->region, b);
-  EXPECT_EQ(floor(UINTPTR_MAX)->region, b);
+  EXPECT_EQ(floor(10 * kPage)->region(), a);
+  EXPECT_EQ(floor(19 * kPage)->region(), a) << "floor, even past a's end: the caller checks end";
+  EXPECT_EQ(floor(20 * kPage)->region(), b);
+  EXPECT_EQ(floor(UINTPTR_MAX)->region(), b);
   checkStructure();
 }
 
@@ -148,7 +148,7 @@ TEST_F(IndexTest, OverlapWalkVisitsExactlyTheOverlappingEntriesInOrder) {
     for (std::uintptr_t len : {1u, 2u, 3u, 40u, 200u}) {
       std::vector<Node*> got, want;
       index_->forEachOverlap(s * kPage, (s + len) * kPage,
-                             [&](const TestIndex::Entry& e) { got.push_back(e.region); });
+                             [&](const TestIndex::Entry& e) { got.push_back(e.region()); });
       for (auto& [start, n] : model_) {
         if (n->s < (s + len) * kPage && s * kPage < n->e) want.push_back(n);
       }
@@ -171,7 +171,10 @@ TEST_F(IndexTest, RandomInsertionsAndPurgesKeepTheInvariants) {
   for (std::uintptr_t p = 0; p < 2 * pages.size(); ++p) {
     const auto* e = floor(p * kPage + 17);
     ASSERT_NE(e, nullptr);
-    EXPECT_EQ(e->region->s, (p & ~std::uintptr_t{1}) * kPage) << p;
+    EXPECT_EQ(e->region()->s, (p & ~std::uintptr_t{1}) * kPage) << p;
+    EXPECT_EQ(e->end(), e->region()->e) << p;
+    EXPECT_TRUE(e->reaches(e->region()->e));
+    EXPECT_FALSE(e->reaches(e->region()->e + 1));
   }
 
   // Purge three quarters in random batches (an invalidation queues a batch, a purge applies it).
@@ -221,7 +224,7 @@ TEST_F(IndexTest, RememberedPositionsOfReadersAndWritersNeverMisleadThemWhenLeav
     ASSERT_TRUE(index_->top()->floor(addr, &e, pos)) << "no writer edits the leaf";
     auto it = model_.upper_bound(addr);
     Node* want = it == model_.begin() ? nullptr : std::prev(it)->second;
-    EXPECT_EQ(e.region, want) << "floor of page " << page;
+    EXPECT_EQ(e.region(), want) << "floor of page " << page;
   };
   for (std::uintptr_t p = 0; p < 4 * 3000; p += 4) insert(make(p, 1));  // [p, p+1), gaps of three
   std::vector<Node*> live;
@@ -229,7 +232,7 @@ TEST_F(IndexTest, RememberedPositionsOfReadersAndWritersNeverMisleadThemWhenLeav
   auto walk = [&](std::uintptr_t s, std::uintptr_t len) {
     std::vector<Node*> got, want;
     index_->forEachOverlap(s * kPage, (s + len) * kPage,
-                           [&](const TestIndex::Entry& e) { got.push_back(e.region); });
+                           [&](const TestIndex::Entry& e) { got.push_back(e.region()); });
     for (auto it = model_.upper_bound(s * kPage); it != model_.begin();) {  // the floor entry
       --it;
       if (it->second->e > s * kPage) want.push_back(it->second);
@@ -345,7 +348,7 @@ TEST_F(IndexTest, InsertAfterQueueingTheOverlappedEntriesReplacesThem) {
   insert(u);  // purges first
   EXPECT_FALSE(a->in_index_);
   EXPECT_FALSE(b->in_index_);
-  EXPECT_EQ(floor(14 * kPage)->region, u);
+  EXPECT_EQ(floor(14 * kPage)->region(), u);
   checkStructure();
 }
 
@@ -399,8 +402,8 @@ TEST_F(IndexTest, ConcurrentReadersSeeEveryStableEntryWhileLeavesAreEditedInPlac
         busy.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
-      const bool ok = e.region == stable[i] || (on_churn && e.region == churn[i]);
-      if (!ok || e.start != e.region->s || e.end != e.region->e) {
+      const bool ok = e.region() == stable[i] || (on_churn && e.region() == churn[i]);
+      if (!ok || e.start != e.region()->s || e.end() != e.region()->e) {
         wrong.fetch_add(1, std::memory_order_relaxed);
       }
       ++n;
