@@ -33,9 +33,8 @@ void CacheImpl::setWork_locked(bool on) noexcept {
 // in_index_ is false); those whose leaf cannot be rewritten now (no memory) wait on zombies_ for
 // the next pass.
 void CacheImpl::retireRegions_locked(RegionImpl* list) noexcept {
-  bool indexed = false;
-  for (RegionImpl* r = list; r != nullptr; r = r->nextDead()) indexed = indexed || r->in_index_;
-  if (indexed) index_.purge();
+  // An invalid region whose entry is in a leaf is on the purge list (invariant 1a).
+  if (index_.dirty()) index_.purge();
   for (RegionImpl* r = list; r != nullptr;) {
     RegionImpl* next = r->nextDead();
     if (r->in_index_) {

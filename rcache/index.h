@@ -531,7 +531,7 @@ class Index {
  private:
   bool replaceLeaves(std::size_t first, std::size_t count, LeafT* const* leaves,
                      const std::uintptr_t* keys, std::size_t n) noexcept;
-  bool rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept;
+  bool rewriteLeaf(std::size_t i, Node* add, Node* drop, std::size_t* removed = nullptr) noexcept;
 
   // Writers' searches start from where the last ones ended: a miss looks for one address up to
   // five times (the walk under the lock, the insertion, the invalidation's walk, and the next
@@ -577,7 +577,7 @@ class Index {
     if (v != hint(0)) hint_ = (hint_ << 32) | v;
   }
   static Node* reverse(Node* list) noexcept;
-  static Node* sortByStart(Node* list) noexcept;
+  static Node* sortDescending(Node* list) noexcept;
 
   // The empty index: one empty leaf. Shared by every index of this Node type, never written to
   // nor freed: a writer that finds it current publishes a new Top instead of replacing its leaf.

@@ -73,9 +73,10 @@ bool Index<Node>::replaceLeaves(std::size_t first, std::size_t count, LeafT* con
 // empties it nor makes it merge; otherwise into a new leaf (a bigger block), splitting a leaf that
 // grows past kLeafMax and merging one that shrinks below kLeafMin into a neighbour. Only the
 // regions of `add` and `drop` are looked at, never the others (in a big cache they are cold). Sets
-// in_index_ of `add`, clears it for `drop`. On failure (no memory) changes nothing.
+// in_index_ of `add`, clears it for `drop`, and counts in *removed (when not null) the entries of
+// `drop` that left. On failure (no memory) changes nothing.
 template <typename Node>
-bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
+bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop, std::size_t* removed) noexcept {
   TopT* top = current();
   LeafT* old = top->leaf(i);
   const std::size_t size = old->count();
@@ -146,6 +147,7 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
         }
       }
       old->setShape(f, j);
+      if (removed != nullptr) *removed = size - j;
       if (add != nullptr) {
         // Open a slot at p, moving the shorter side when there is room on it (there is room on
         // one side: j < cap).
@@ -274,10 +276,15 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop) noexcept {
   if (!done) return false;
   // The old leaf is retired, not freed before the next collection, nor edited: mark what left it.
   const Node* d = drop;
+  std::size_t left = 0;
   for (std::size_t k = 0; k < size && d != nullptr; ++k) {
     const Entry e = old->entry(k);
-    if (dropped(e, d)) e.region()->in_index_ = false;
+    if (dropped(e, d)) {
+      e.region()->in_index_ = false;
+      ++left;
+    }
   }
+  if (removed != nullptr) *removed = left;
   if (add != nullptr) add->in_index_ = true;
   return true;
 }
@@ -295,16 +302,23 @@ Node* Index<Node>::reverse(Node* list) noexcept {
   return reversed;
 }
 
-// Sorts a list linked by next_unindex_ by start (merge sort; no allocation). An invalidation
-// queues the regions of its range in descending order: that case is a reversal.
+// Sorts a list linked by next_unindex_ by start, highest first (merge sort; no allocation). An
+// invalidation queues the regions of its range in that order already (its walk is ascending, each
+// queued at the head): that case is one pass that only reads the links.
 template <typename Node>
-Node* Index<Node>::sortByStart(Node* list) noexcept {
-  if (list == nullptr || list->next_unindex_ == nullptr) return list;
-  bool descending = true;
-  for (Node* r = list; descending && r->next_unindex_ != nullptr; r = r->next_unindex_) {
-    descending = r->next_unindex_->start() < r->start();
+Node* Index<Node>::sortDescending(Node* list) noexcept {
+  if (list == nullptr) return list;
+  bool descending = true, ascending = true;
+  for (Node* r = list;;) {
+    Node* next = r->next_unindex_;
+    if (next == nullptr) break;
+    descending = descending && next->start() < r->start();
+    ascending = ascending && next->start() > r->start();
+    if (!descending && !ascending) break;
+    r = next;
   }
-  if (descending) return reverse(list);
+  if (descending) return list;
+  if (ascending) return reverse(list);
   Node* slow = list;  // split in halves
   for (Node* fast = list->next_unindex_; fast != nullptr && fast->next_unindex_ != nullptr;
        fast = fast->next_unindex_->next_unindex_) {
@@ -312,23 +326,33 @@ Node* Index<Node>::sortByStart(Node* list) noexcept {
   }
   Node* b = slow->next_unindex_;
   slow->next_unindex_ = nullptr;
-  Node* a = sortByStart(list);
-  b = sortByStart(b);
+  Node* a = sortDescending(list);
+  b = sortDescending(b);
   Node* head = nullptr;
-  Node** tail = &head;
+  Node* tail = nullptr;
+  auto append = [&](Node* n) {
+    if (tail != nullptr) {
+      tail->next_unindex_ = n;
+    } else {
+      head = n;
+    }
+    tail = n;
+  };
   while (a != nullptr && b != nullptr) {
-    Node*& lower = a->start() < b->start() ? a : b;
-    *tail = lower;
-    tail = &lower->next_unindex_;
-    lower = lower->next_unindex_;
+    Node*& higher = a->start() > b->start() ? a : b;
+    Node* n = higher;
+    higher = higher->next_unindex_;
+    append(n);
   }
-  *tail = a != nullptr ? a : b;
+  append(a != nullptr ? a : b);
   return head;
 }
 
 template <typename Node>
 bool Index<Node>::purge() noexcept {
-  Node* list = sortByStart(unindex_);
+  // From the highest leaf down: a leaf that shrinks merges preferably with the one above it,
+  // already purged by then.
+  Node* list = sortDescending(unindex_);
   Node* retry = nullptr;
   auto retryAll = [&](Node* batch) {
     while (batch != nullptr) {
@@ -338,27 +362,28 @@ bool Index<Node>::purge() noexcept {
       batch = next;
     }
   };
-  // From the highest leaf down: a leaf that shrinks merges preferably with the one above it,
-  // already purged by then.
-  list = reverse(list);
   while (list != nullptr) {
-    // The regions of one leaf: those whose start is at or above its key (in ascending order).
+    // The regions of one leaf: those whose start is at or above its key, taken off the list's head
+    // into `batch` in ascending order (what rewriteLeaf() walks).
     const TopT* top = current();
     const std::size_t i = leafAt(list->start());
     const std::uintptr_t key = top->slots()[i].key;
-    Node* last = list;
-    while (last->next_unindex_ != nullptr && last->next_unindex_->start() >= key) {
-      last = last->next_unindex_;
+    Node* batch = nullptr;
+    std::size_t n = 0;
+    while (list != nullptr && list->start() >= key) {
+      Node* next = list->next_unindex_;
+      list->next_unindex_ = batch;
+      batch = list;
+      list = next;
+      ++n;
     }
-    Node* batch = list;
-    list = last->next_unindex_;
-    last->next_unindex_ = nullptr;
-    batch = reverse(batch);
-    if (!rewriteLeaf(i, nullptr, batch)) {
+    std::size_t removed = 0;
+    if (!rewriteLeaf(i, nullptr, batch, &removed)) {
       retryAll(batch);
       continue;
     }
-    while (batch != nullptr) {  // all left the index, unless one was not where it should be
+    if (removed == n) continue;  // all left the index (their links are stale: nobody reads them)
+    while (batch != nullptr) {   // one was not where it should be
       Node* next = batch->next_unindex_;
       batch->next_unindex_ = nullptr;
       if (batch->in_index_) {
