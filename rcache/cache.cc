@@ -268,7 +268,7 @@ void CacheImpl::put(Region* region) noexcept {
   // by another thread at any moment. Until a fork() every region is of generation 0, and put()
   // reads only the region's own line.
   const std::uint32_t gen = fork_gen_.load(std::memory_order_relaxed);
-  const bool orphan = gen != 0 && r->forkGen() != gen;
+  const bool orphan = gen != 0 && !r->ofForkGen(gen);
   bool repark = false;
   if (__builtin_expect(slot != nullptr && !orphan, 1)) {
     void* parked = slot->parked.load(std::memory_order_relaxed);

@@ -37,31 +37,15 @@ enum class DoomReason : std::uint8_t { kInvalidated, kMerged, kEvicted, kStale }
 
 class RegionImpl;
 
-// A region's companion record (block_pool.h): the fields only writers and cold paths use, 16 bytes
-// beside the region's cache line, four to a line. Two lifetimes share them: `live` until the
-// region retires (it is then off every list of the cache and the index, and out of the eviction
-// order), `retired` after.
-struct RegionCold {
-  struct Live {
-    // Guarded by lock_: the dead_ / zombies_ list, or evictOne_locked()'s skip list.
-    RegionImpl* next_dead = nullptr;
-    std::uint32_t lru_pos = 0;  // position in CacheImpl::lru_ (lru_queue.h)
-    std::uint32_t fork_gen = 0;  // the cache's fork generation when registered (set once)
-  };
-  union {
-    Live live{};
-    RetiredRecord retired;  // reclaim.h: from retirement until the region is freed
-  };
-};
-static_assert(sizeof(RegionCold) == 16);
+// Every region is one cache line of its pool, with a 32-bit id (block_pool.h).
+using RegionPool = LinePool<kCacheLine>;
 
-// Every region is one cache line of its pool, its companion record found by arithmetic.
-using RegionPool = BlockPool<kCacheLine, kCacheLine, sizeof(RegionCold)>;
-
-// One cache line: what the hit path and put() touch (the Region's immutable fields, the state
-// word, the release tick) and the index's two writer-only members, so that one region's hit or
-// put() loads one line, and different regions' state words never share one. The rest lives in
-// the companion record (cold()).
+// One cache line, and nothing beside it: what the hit path and put() touch (the Region's immutable
+// fields, the state word, the release tick), so that one region's hit or put() loads one line and
+// different regions' state words never share one; and what writers keep per region in the 22
+// bytes the Region leaves: the index's two members, the fork generation, and one word that is the
+// position in the eviction order while the region is in it, else its link on a writer's list.
+// Lists link regions by id (RegionPool::idOf(), 4 bytes), not by pointer.
 class alignas(kCacheLine) RegionImpl final : public Region {
  public:
   RegionImpl(Range range, unsigned access, MemType type, Backend* backend, const Registration& reg,
@@ -72,9 +56,7 @@ class alignas(kCacheLine) RegionImpl final : public Region {
     mem_type_ = type;
     backend_ = backend;
     reg_ = reg;
-    RegionCold* c = new (RegionPool::companion(this)) RegionCold;
-    c->live.lru_pos = kNotQueued;
-    c->live.fork_gen = fork_gen;
+    fork_gen_ = static_cast<std::uint8_t>(fork_gen);
   }
   ~RegionImpl() = default;
 
@@ -95,38 +77,56 @@ class alignas(kCacheLine) RegionImpl final : public Region {
             (mem_type_ == resolver.fixedType() && backend_ == resolver.fixedBackend()));
   }
 
-  RegionCold* cold() const noexcept {
-    return static_cast<RegionCold*>(RegionPool::companion(const_cast<RegionImpl*>(this)));
+  // Ids (never 0) and back; null for 0.
+  static std::uint32_t idOf(const RegionImpl* r) noexcept {
+    return r != nullptr ? RegionPool::idOf(r) : 0;
   }
-  // The region whose companion holds `rec` (a retired region).
-  static RegionImpl* ofRecord(RetiredRecord* rec) noexcept {
-    return static_cast<RegionImpl*>(RegionPool::blockOf(rec));
-  }
-  // Writers (lock_): the eviction order's member (lru_queue.h) and the dead-list link, in the
-  // companion.
-  std::uint32_t& lruPos() const noexcept { return cold()->live.lru_pos; }
-  RegionImpl*& nextDead() const noexcept { return cold()->live.next_dead; }
-  std::uint32_t forkGen() const noexcept { return cold()->live.fork_gen; }
-  // Its companion's second life: the record the retire list links (reclaim.h).
-  RetiredRecord* retireRecord() noexcept {
-    RegionCold* c = cold();
-    c->retired = RetiredRecord{};
-    return &c->retired;
+  static RegionImpl* fromId(std::uint32_t id) noexcept {
+    return static_cast<RegionImpl*>(RegionPool::at(id));
   }
 
-  // The index's members (index.h), guarded by lock_: an entry of the published index points here;
-  // the purge list (invalid, entry still in a leaf).
+  // Writers (lock_): the eviction order's member (lru_queue.h) while the region is in it (valid and
+  // indexed); otherwise the link of the dead_ / zombies_ list or evictOne_locked()'s skip list,
+  // which only hold regions out of the order (each takes the word after the region left the order;
+  // the order sets it again when it takes the region back).
+  std::uint32_t& lruPos() noexcept { return order_or_link_; }
+  RegionImpl* nextDead() const noexcept { return fromId(order_or_link_); }
+  void setNextDead(RegionImpl* r) noexcept { order_or_link_ = idOf(r); }
+  // The index's purge list (index.h).
+  RegionImpl* nextUnindex() const noexcept { return fromId(next_unindex_); }
+  void setNextUnindex(RegionImpl* r) noexcept { next_unindex_ = idOf(r); }
+  // Whether the region was registered in fork generation `gen` (the cache's), told modulo 256: a
+  // region held through 256 nested fork()s would be taken for the child's own.
+  bool ofForkGen(std::uint32_t gen) const noexcept {
+    return fork_gen_ == static_cast<std::uint8_t>(gen);
+  }
+  // Once retired, the region's registration bytes (nothing reads them any more: it was
+  // deregistered, and nobody can take a hold on it) are the record the retire list links
+  // (reclaim.h); a reader still inside its epoch reads only the range, access, memory type,
+  // backend and state word. The region is found back from the record by its line.
+  RetiredRecord* retireRecord() noexcept {
+    static_assert(sizeof(Registration) == sizeof(RetiredRecord) &&
+                  alignof(Registration) == alignof(RetiredRecord));
+    return new (static_cast<void*>(&reg_)) RetiredRecord{};
+  }
+  static RegionImpl* ofRecord(RetiredRecord* rec) noexcept {
+    return reinterpret_cast<RegionImpl*>(reinterpret_cast<std::uintptr_t>(rec) &
+                                         ~(std::uintptr_t{kCacheLine} - 1));
+  }
+
+  // The index's member (index.h), guarded by lock_: an entry of the published index points here.
   bool in_index_ = false;
+  std::uint8_t fork_gen_ = 0;            // ofForkGen()
   std::atomic<std::uint32_t> state_{1};  // created held by its requester
-  RegionImpl* next_unindex_ = nullptr;
-  std::atomic<std::uint64_t> last_used_{0};  // release tick (see CacheImpl::releaseTick)
+  std::uint32_t next_unindex_ = 0;  // index.h's purge list (invalid, entry still in a leaf), by id
+  std::uint32_t order_or_link_ = kNotQueued;  // lruPos() or nextDead()
+  std::atomic<std::uint64_t> last_used_{0};   // release tick (see CacheImpl::releaseTick)
 };
 
 static_assert(sizeof(RegionImpl) == kCacheLine && alignof(RegionImpl) == kCacheLine,
               "a region is one cache line (its state word shares it with no other region)");
-// 51 regions and their records to a 4 KiB span, nothing spare but malloc's header: 80.3 bytes each.
-static_assert(RegionPool::kPerSpan * (sizeof(RegionImpl) + sizeof(RegionCold)) +
-                  RegionPool::kLeadBytes ==
+// 63 regions to a 4 KiB span, nothing spare but the span's 64-byte head: 65.0 bytes each.
+static_assert(RegionPool::kPerSpan * sizeof(RegionImpl) + RegionPool::kHeadBytes ==
               RegionPool::kSpanBytes);
 
 // Adds `d` to a counter that only writers (under lock_) or a single owner modify; readers may load.
@@ -274,7 +274,7 @@ class CacheImpl final : public Cache {
   alignas(kCacheLine) WriterLock lock_;
   InvalidationQueue queue_;
 
-  RegionPool region_pool_;  // every RegionImpl and its companion record
+  RegionPool region_pool_;  // every RegionImpl
 
   // Guarded by lock_.
   RegionImpl* dead_ = nullptr;     // unused invalid regions waiting for deregistration

@@ -6,7 +6,7 @@
 namespace gmd::rcache::detail {
 
 void CacheImpl::pushDead_locked(RegionImpl* r) noexcept {
-  r->nextDead() = dead_;
+  r->setNextDead(dead_);
   dead_ = r;
   if (!own_dead_) setWork_locked(true);
 }
@@ -28,8 +28,8 @@ void CacheImpl::setWork_locked(bool on) noexcept {
   }
 }
 
-// `list` (linked by nextDead()) is deregistered. Once no leaf holds them they are retired (their
-// companion record: a retired region is on no list and out of the index's purge list, as
+// `list` (linked by nextDead()) is deregistered. Once no leaf holds them they are retired (the
+// record in their line: a retired region is on no list and out of the index's purge list, as
 // in_index_ is false); those whose leaf cannot be rewritten now (no memory) wait on zombies_ for
 // the next pass.
 void CacheImpl::retireRegions_locked(RegionImpl* list) noexcept {
@@ -38,7 +38,7 @@ void CacheImpl::retireRegions_locked(RegionImpl* list) noexcept {
   for (RegionImpl* r = list; r != nullptr;) {
     RegionImpl* next = r->nextDead();
     if (r->in_index_) {
-      r->nextDead() = zombies_;
+      r->setNextDead(zombies_);
       zombies_ = r;
       setWork_locked(true);
     } else {
@@ -67,7 +67,7 @@ void CacheImpl::freeList(Reclaimed list) noexcept {
 
 // A registration made before a fork() is the parent's: the child never deregisters it.
 void CacheImpl::deregister(RegionImpl* r) noexcept {
-  if (r->forkGen() == fork_gen_.load(std::memory_order_relaxed))
+  if (r->ofForkGen(fork_gen_.load(std::memory_order_relaxed)))
     r->backend()->dereg(r->registration());
 }
 
@@ -113,7 +113,7 @@ __attribute__((noinline)) void CacheImpl::releaseInvalid(RegionImpl* r) noexcept
     WriterGuard g(lock_);
     bump(regions_, std::int64_t{-1});
     bump(pinned_, -static_cast<std::int64_t>(r->length()));
-    r->nextDead() = nullptr;
+    r->setNextDead(nullptr);
     retireRegions_locked(r);
     freeable = reclaim_.collect(false);
   }

@@ -27,7 +27,7 @@ bool CacheImpl::evictOne_locked() noexcept {
     if ((state & kHolderMask) != 0) {
       if ((no_room = !lru_.reserve(n_skipped + 1))) break;
       lru_.remove(r);
-      r->nextDead() = skipped;
+      r->setNextDead(skipped);
       skipped = r;
       ++n_skipped;
       continue;
@@ -47,7 +47,6 @@ bool CacheImpl::evictOne_locked() noexcept {
       if (lru_.size() != 0) {
         RegionImpl* next = lru_.top().region;
         __builtin_prefetch(next);
-        __builtin_prefetch(next->cold());
       }
       break;
     }
@@ -57,7 +56,7 @@ bool CacheImpl::evictOne_locked() noexcept {
   while (skipped != nullptr) {
     RegionImpl* r = skipped;
     skipped = r->nextDead();
-    r->nextDead() = nullptr;
+    r->setNextDead(nullptr);
     // Room was reserved. A region released meanwhile keeps its tick.
     const bool unused = (r->state_.load(std::memory_order_acquire) & kHolderMask) == 0;
     lru_.push(r, unused ? r->last_used_.load(std::memory_order_relaxed) : now);

@@ -39,9 +39,11 @@ void atforkPrepare() {
   cacheRegistry().mutex.lock();
   for (CacheImpl* c = cacheRegistry().head; c != nullptr; c = c->reg_next_) c->forkPrepare();
   lockLeafPoolsForFork();
+  SpanTable::lockForFork();  // last: a region pool takes it under its own lock when it grows
 }
 
 void atforkParent() {
+  SpanTable::unlockAfterFork();
   unlockLeafPoolsAfterFork();
   for (CacheImpl* c = cacheRegistry().head; c != nullptr; c = c->reg_next_) c->forkParent();
   cacheRegistry().mutex.unlock();
@@ -49,7 +51,8 @@ void atforkParent() {
 }
 
 void atforkChild() {
-  unlockLeafPoolsAfterFork();  // static storage
+  SpanTable::unlockAfterFork();  // static storage
+  unlockLeafPoolsAfterFork();    // static storage
   for (CacheImpl* c = cacheRegistry().head; c != nullptr; c = c->reg_next_) c->forkChild();
   cacheRegistry().mutex.unlock();
   unlockThreadRegistry();

@@ -20,9 +20,10 @@
 // check the region's own validity (the cache's state word) after the lookup.
 //
 // `Node` is the region type. It provides `std::uintptr_t start() const`, `std::uintptr_t end()
-// const` (both immutable while the node is indexed or readers may see it) and two members the index
-// owns: `Node* next_unindex_` (the purge list) and `bool in_index_` (an entry of the published
-// index points at it). gtest/rcache/index_test.cc instantiates it with a plain struct.
+// const` (both immutable while the node is indexed or readers may see it), the purge list's link
+// that the index owns (`Node* nextUnindex() const`, `void setNextUnindex(Node*)`) and the member
+// `bool in_index_` (an entry of the published index points at it). gtest/rcache/index_test.cc
+// instantiates it with a plain struct.
 //
 // Thread safety: top() and Top::floor() from any thread inside a reader epoch (floor() copies the
 // entry out of a validated read of its leaf); every other member by one writer at a time (the
@@ -479,7 +480,7 @@ class Index {
   // purge(). Never allocates.
   void queuePurge(Node* r) noexcept {
     if (!r->in_index_) return;
-    r->next_unindex_ = unindex_;
+    r->setNextUnindex(unindex_);
     unindex_ = r;
   }
   bool dirty() const noexcept { return unindex_ != nullptr; }

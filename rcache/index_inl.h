@@ -68,7 +68,7 @@ bool Index<Node>::replaceLeaves(std::size_t first, std::size_t count, LeafT* con
 }
 
 // Rewrites leaf i with `add` (may be null; it must overlap no entry) and without the entries of
-// `drop` (a list linked by next_unindex_, sorted by start, of regions whose entries are in this
+// `drop` (a list linked by nextUnindex(), sorted by start, of regions whose entries are in this
 // leaf). In place under the leaf's sequence lock when the result fits its block and neither
 // empties it nor makes it merge; otherwise into a new leaf (a bigger block), splitting a leaf that
 // grows past kLeafMax and merging one that shrinks below kLeafMin into a neighbour. Only the
@@ -82,9 +82,9 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop, std::size_t*
   const std::size_t size = old->count();
   // Whether entry e is the next one of the drop list d (advanced past the entries it skips).
   auto dropped = [](const Entry& e, const Node*& d) {
-    while (d != nullptr && d->start() < e.start) d = d->next_unindex_;
+    while (d != nullptr && d->start() < e.start) d = d->nextUnindex();
     if (d != e.region()) return false;
-    d = d->next_unindex_;
+    d = d->nextUnindex();
     return true;
   };
 
@@ -289,20 +289,20 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop, std::size_t*
   return true;
 }
 
-// Reverses a list linked by next_unindex_.
+// Reverses a list linked by nextUnindex().
 template <typename Node>
 Node* Index<Node>::reverse(Node* list) noexcept {
   Node* reversed = nullptr;
   while (list != nullptr) {
-    Node* next = list->next_unindex_;
-    list->next_unindex_ = reversed;
+    Node* next = list->nextUnindex();
+    list->setNextUnindex(reversed);
     reversed = list;
     list = next;
   }
   return reversed;
 }
 
-// Sorts a list linked by next_unindex_ by start, highest first (merge sort; no allocation). An
+// Sorts a list linked by nextUnindex() by start, highest first (merge sort; no allocation). An
 // invalidation queues the regions of its range in that order already (its walk is ascending, each
 // queued at the head): that case is one pass that only reads the links.
 template <typename Node>
@@ -310,7 +310,7 @@ Node* Index<Node>::sortDescending(Node* list) noexcept {
   if (list == nullptr) return list;
   bool descending = true, ascending = true;
   for (Node* r = list;;) {
-    Node* next = r->next_unindex_;
+    Node* next = r->nextUnindex();
     if (next == nullptr) break;
     descending = descending && next->start() < r->start();
     ascending = ascending && next->start() > r->start();
@@ -320,19 +320,19 @@ Node* Index<Node>::sortDescending(Node* list) noexcept {
   if (descending) return list;
   if (ascending) return reverse(list);
   Node* slow = list;  // split in halves
-  for (Node* fast = list->next_unindex_; fast != nullptr && fast->next_unindex_ != nullptr;
-       fast = fast->next_unindex_->next_unindex_) {
-    slow = slow->next_unindex_;
+  for (Node* fast = list->nextUnindex(); fast != nullptr && fast->nextUnindex() != nullptr;
+       fast = fast->nextUnindex()->nextUnindex()) {
+    slow = slow->nextUnindex();
   }
-  Node* b = slow->next_unindex_;
-  slow->next_unindex_ = nullptr;
+  Node* b = slow->nextUnindex();
+  slow->setNextUnindex(nullptr);
   Node* a = sortDescending(list);
   b = sortDescending(b);
   Node* head = nullptr;
   Node* tail = nullptr;
   auto append = [&](Node* n) {
     if (tail != nullptr) {
-      tail->next_unindex_ = n;
+      tail->setNextUnindex(n);
     } else {
       head = n;
     }
@@ -341,7 +341,7 @@ Node* Index<Node>::sortDescending(Node* list) noexcept {
   while (a != nullptr && b != nullptr) {
     Node*& higher = a->start() > b->start() ? a : b;
     Node* n = higher;
-    higher = higher->next_unindex_;
+    higher = higher->nextUnindex();
     append(n);
   }
   append(a != nullptr ? a : b);
@@ -356,8 +356,8 @@ bool Index<Node>::purge() noexcept {
   Node* retry = nullptr;
   auto retryAll = [&](Node* batch) {
     while (batch != nullptr) {
-      Node* next = batch->next_unindex_;
-      batch->next_unindex_ = retry;
+      Node* next = batch->nextUnindex();
+      batch->setNextUnindex(retry);
       retry = batch;
       batch = next;
     }
@@ -371,8 +371,8 @@ bool Index<Node>::purge() noexcept {
     Node* batch = nullptr;
     std::size_t n = 0;
     while (list != nullptr && list->start() >= key) {
-      Node* next = list->next_unindex_;
-      list->next_unindex_ = batch;
+      Node* next = list->nextUnindex();
+      list->setNextUnindex(batch);
       batch = list;
       list = next;
       ++n;
@@ -384,10 +384,10 @@ bool Index<Node>::purge() noexcept {
     }
     if (removed == n) continue;  // all left the index (their links are stale: nobody reads them)
     while (batch != nullptr) {   // one was not where it should be
-      Node* next = batch->next_unindex_;
-      batch->next_unindex_ = nullptr;
+      Node* next = batch->nextUnindex();
+      batch->setNextUnindex(nullptr);
       if (batch->in_index_) {
-        batch->next_unindex_ = retry;
+        batch->setNextUnindex(retry);
         retry = batch;
       }
       batch = next;

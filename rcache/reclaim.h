@@ -115,10 +115,10 @@ struct Retired {
   std::uint8_t kind = 0;
 };
 
-// A small retired thing without a size or kind of its own: the cache's regions retire their
-// companion record (rcache/cache_impl.h), 16 bytes that live beside them. The owner constructs it
+// A small retired thing without a size or kind of its own: a cache's region retires 16 bytes of its
+// own line that nothing reads once it retired (rcache/cache_impl.h). The owner constructs it
 // (placement new) when the record retires; it finds its object back from the record's address.
-struct RetiredRecord {  // trivial: it shares storage (a union) with what the record was before
+struct RetiredRecord {  // trivial: it takes the storage of what the record was before
   RetiredRecord* next;
   std::uint64_t epoch;
 };

@@ -21,6 +21,8 @@ struct alignas(64) Node {  // entries keep lengths in the low bits of a node's a
   std::uintptr_t s = 0, e = 0;
   std::uintptr_t start() const { return s; }
   std::uintptr_t end() const { return e; }
+  Node* nextUnindex() const { return next_unindex_; }
+  void setNextUnindex(Node* n) { next_unindex_ = n; }
   Node* next_unindex_ = nullptr;
   bool in_index_ = false;
 };

@@ -1,8 +1,8 @@
-// What a cached region costs in memory, and the pieces that decide it: the block pool's companion
-// records (rcache/block_pool.h: found from their block by arithmetic, across spans and slabs), the
+// What a cached region costs in memory, and the pieces that decide it: the region pool's ids
+// (rcache/block_pool.h: a block found from its id and back, across spans, slabs and pools), the
 // eviction order's storage (rcache/lru_queue.h: its run of chunks and the heap beside it, which
-// grows in steps, rcache/lru_heap.h), and the cache's memory per region (one cache line per
-// region, at most 128 bytes with its leaf entry and its item in the eviction order).
+// grows in steps, rcache/lru_heap.h), and the cache's memory per region (one cache line per region,
+// at most 128 bytes with its leaf entry and its item in the eviction order).
 #include <gtest/gtest.h>
 #include <malloc.h>
 
@@ -18,6 +18,7 @@
 
 #include "gtest/common/fake_backend.h"
 #include "rcache/block_pool.h"
+#include "rcache/cache_impl.h"
 #include "rcache/lru_heap.h"
 #include "rcache/lru_queue.h"
 #include "rcache/rcache.h"
@@ -25,60 +26,76 @@
 namespace gmd::rcache::detail {
 namespace {
 
-using Pool = BlockPool<64, 64, 16>;
+using Pool = LinePool<64>;
 
-// Every block and its companion: distinct, aligned, disjoint from every other block and record,
-// found from each other; what is written into each survives the others' writes. Enough blocks for
-// several slabs (4, 8, 16, 32, 64, 64, ... spans of 51 blocks), and again after half are reused.
-TEST(BlockPoolTest, CompanionsFoundFromTheirBlocksAcrossSpansAndSlabs) {
-  Pool pool;
+// A region is its line and nothing else (what a region costs is its pool's: 4096 / 63 bytes), and
+// a list link names it in 4 bytes.
+static_assert(sizeof(RegionImpl) == 64 && RegionPool::kPerSpan == 63);
+static_assert(sizeof(IndexEntry<RegionImpl>) == 16 && kEntryBytes == 16);
+
+// Every block: distinct, aligned, disjoint from every other block, found from its id and its id
+// from it, the ids distinct and never 0; what is written into each survives the others' writes.
+// Enough blocks for several slabs (4, 8, 16, 32, 64, 64, ... spans of 63 blocks) in two pools
+// (their spans numbered in one table), and again after half are reused and one pool is gone.
+TEST(BlockPoolTest, BlocksFoundFromTheirIdsAcrossSpansSlabsAndPools) {
+  auto pool = std::make_unique<Pool>();
+  auto other = std::make_unique<Pool>();
   constexpr std::size_t kBlocks = 20000;
   std::vector<unsigned char*> blocks;
+  std::vector<unsigned char*> others;
   auto fill = [](unsigned char* b, std::size_t k) {
     std::memset(b, static_cast<int>(k * 7 + 1), 64);
-    std::memset(Pool::companion(b), static_cast<int>(k * 13 + 5), 16);
   };
   auto check = [&](std::size_t k) {
     unsigned char* b = blocks[k];
-    auto* c = static_cast<unsigned char*>(Pool::companion(b));
     for (int i = 0; i < 64; ++i) ASSERT_EQ(b[i], static_cast<unsigned char>(k * 7 + 1)) << k;
-    for (int i = 0; i < 16; ++i) ASSERT_EQ(c[i], static_cast<unsigned char>(k * 13 + 5)) << k;
   };
   for (std::size_t k = 0; k < kBlocks; ++k) {
-    auto* b = static_cast<unsigned char*>(pool.allocate());
+    auto* b = static_cast<unsigned char*>(pool->allocate());
     ASSERT_NE(b, nullptr);
     blocks.push_back(b);
     fill(b, k);
-  }
-  // [start, end) of every block and record, sorted: no two overlap.
-  auto checkLayout = [&] {
-    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
-    for (unsigned char* b : blocks) {
-      const auto a = reinterpret_cast<std::uintptr_t>(b);
-      void* c = Pool::companion(b);
-      const auto ca = reinterpret_cast<std::uintptr_t>(c);
-      ASSERT_EQ(a % 64, 0u);
-      ASSERT_EQ(ca % alignof(void*), 0u);
-      ASSERT_EQ(Pool::blockOf(c), static_cast<void*>(b));
-      ranges.emplace_back(a, a + 64);
-      ranges.emplace_back(ca, ca + 16);
+    if (k % 3 == 0) {  // the other pool grows between them
+      auto* o = static_cast<unsigned char*>(other->allocate());
+      ASSERT_NE(o, nullptr);
+      others.push_back(o);
     }
-    std::sort(ranges.begin(), ranges.end());
-    for (std::size_t i = 1; i < ranges.size(); ++i) {
-      ASSERT_LE(ranges[i - 1].second, ranges[i].first) << "block or record " << i << " overlaps";
+  }
+  auto checkLayout = [&] {
+    std::vector<std::uintptr_t> starts;
+    std::set<std::uint32_t> ids;
+    for (const auto* list : {&blocks, &others}) {
+      for (unsigned char* b : *list) {
+        const auto a = reinterpret_cast<std::uintptr_t>(b);
+        ASSERT_EQ(a % 64, 0u);
+        const std::uint32_t id = Pool::idOf(b);
+        ASSERT_NE(id, 0u);
+        ASSERT_EQ(Pool::at(id), static_cast<void*>(b));
+        ASSERT_TRUE(ids.insert(id).second) << "two blocks with id " << id;
+        starts.push_back(a);
+      }
+    }
+    std::sort(starts.begin(), starts.end());
+    for (std::size_t i = 1; i < starts.size(); ++i) {
+      ASSERT_LE(starts[i - 1] + 64, starts[i]) << "block " << i << " overlaps";
     }
   };
   checkLayout();
   for (std::size_t k = 0; k < kBlocks; ++k) check(k);
+  EXPECT_EQ(Pool::at(0), nullptr);
 
-  // Release every other block and allocate them again: the same blocks and records come back.
+  // Release every other block and allocate them again: the same blocks come back, with their ids.
+  // The other pool goes, and its span numbers are given again.
+  for (unsigned char* o : others) other->release(o);
+  others.clear();
+  other.reset();
   std::set<unsigned char*> released;
   for (std::size_t k = 0; k < kBlocks; k += 2) {
     released.insert(blocks[k]);
-    pool.release(blocks[k]);
+    pool->release(blocks[k]);
   }
   for (std::size_t k = 0; k < kBlocks; k += 2) {
-    auto* b = static_cast<unsigned char*>(pool.allocate());
+    auto* b = static_cast<unsigned char*>(pool->allocate());
     ASSERT_NE(b, nullptr);
 #if !defined(__SANITIZE_ADDRESS__)  // there every block is a fresh heap allocation
     EXPECT_EQ(released.count(b), 1u) << "a released block is reused before the pool grows";
@@ -86,11 +103,18 @@ TEST(BlockPoolTest, CompanionsFoundFromTheirBlocksAcrossSpansAndSlabs) {
     blocks[k] = b;
     fill(b, k);
   }
+  other = std::make_unique<Pool>();
+  for (std::size_t k = 0; k < kBlocks / 3; ++k) {
+    auto* o = static_cast<unsigned char*>(other->allocate());
+    ASSERT_NE(o, nullptr);
+    others.push_back(o);
+  }
   checkLayout();
   for (std::size_t k = 0; k < kBlocks; ++k) check(k);
   Pool::Chain chain;
   for (unsigned char* b : blocks) chain.add(b);
-  pool.release(chain);
+  pool->release(chain);
+  for (unsigned char* o : others) other->release(o);
 }
 
 struct HeapNode {
