@@ -1,8 +1,9 @@
 // What a cached region costs in memory, and the pieces that decide it: the region pool's ids
 // (rcache/block_pool.h: a block found from its id and back, across spans, slabs and pools), the
-// eviction order's storage (rcache/lru_queue.h: its run of chunks and the heap beside it, which
-// grows in steps, rcache/lru_heap.h), and the cache's memory per region (one cache line per region,
-// at most 128 bytes with its leaf entry and its item in the eviction order).
+// eviction order's storage (rcache/lru_queue.h: its run of 8-byte items in chunks and the heap
+// beside it, which grows in steps, rcache/lru_heap.h), and the cache's memory per region (one
+// cache line per region, at most 128 bytes with its leaf entry and its item in the eviction
+// order).
 #include <gtest/gtest.h>
 #include <malloc.h>
 
@@ -29,8 +30,9 @@ namespace {
 using Pool = LinePool<64>;
 
 // A region is its line and nothing else (what a region costs is its pool's: 4096 / 63 bytes), and
-// a list link names it in 4 bytes.
+// a list link or an item of the eviction order names it in 4 bytes.
 static_assert(sizeof(RegionImpl) == 64 && RegionPool::kPerSpan == 63);
+static_assert(sizeof(LruQueue<RegionImpl>::RunItem) == 8);
 static_assert(sizeof(IndexEntry<RegionImpl>) == 16 && kEntryBytes == 16);
 
 // Every block: distinct, aligned, disjoint from every other block, found from its id and its id
@@ -120,6 +122,14 @@ TEST(BlockPoolTest, BlocksFoundFromTheirIdsAcrossSpansSlabsAndPools) {
 struct HeapNode {
   std::uint32_t pos = kNotInHeap;
   std::uint32_t& lruPos() noexcept { return pos; }
+  // The queue's ids: the node's index in the test's array (`nodes`), plus one.
+  static inline const HeapNode* nodes = nullptr;
+  static std::uint32_t idOf(const HeapNode* n) noexcept {
+    return static_cast<std::uint32_t>(n - nodes) + 1;
+  }
+  static HeapNode* fromId(std::uint32_t id) noexcept {
+    return id == 0 ? nullptr : const_cast<HeapNode*>(nodes) + (id - 1);
+  }
 };
 
 // The heap's array grows by doubling to kStepItems, then by a step or a sixteenth: its spare room
@@ -189,6 +199,7 @@ void expectSameMinimum(const Queue& q, const std::set<std::pair<std::uint64_t, s
 TEST(LruQueueTest, KeepsTheSmallestKeyFirstThroughRandomPushesRekeysAndRemovals) {
   constexpr std::size_t kNodes = 20000;
   std::vector<HeapNode> nodes(kNodes);
+  HeapNode::nodes = nodes.data();
   std::vector<std::uint64_t> key_of(kNodes, 0);
   std::set<std::pair<std::uint64_t, std::size_t>> ref;
   Queue q;
@@ -250,13 +261,14 @@ TEST(LruQueueTest, KeepsTheSmallestKeyFirstThroughRandomPushesRekeysAndRemovals)
   EXPECT_EQ(q.size(), 0u);
 }
 
-// Pushes in key order go to the run at about 16 bytes each; removing three of every four from the
+// Pushes in key order go to the run at about 8 bytes each; removing three of every four from the
 // middle leaves holes (but at the back) that the next reserve() closes, moving the items and
 // their positions (each later removal by position must find its node); the chunks the run no
 // longer needs are released.
-TEST(LruQueueTest, RunTakesSixteenBytesAnItemAndClosesItsHoles) {
+TEST(LruQueueTest, RunTakesEightBytesAnItemAndClosesItsHoles) {
   constexpr std::size_t kNodes = 100000;
   std::vector<HeapNode> nodes(kNodes);
+  HeapNode::nodes = nodes.data();
   Queue q;
   for (std::size_t k = 0; k < kNodes; ++k) {
     ASSERT_TRUE(q.reserve(1));
@@ -264,7 +276,7 @@ TEST(LruQueueTest, RunTakesSixteenBytesAnItemAndClosesItsHoles) {
   }
   EXPECT_EQ(q.runSize(), kNodes);
   EXPECT_EQ(q.heapSize(), 0u);
-  EXPECT_LT(static_cast<double>(q.storageBytes()), 16.2 * kNodes);
+  EXPECT_LT(static_cast<double>(q.storageBytes()), 8.2 * kNodes);
   const std::size_t full = q.storageBytes();
   for (std::size_t k = 1; k < kNodes; ++k) {
     if (k % 4 != 0) q.remove(&nodes[k]);
