@@ -1,8 +1,10 @@
 #!/bin/bash
-# The soft-RoCE VM's two speed settings (gtest/rxe/README.md, "What the guest has") are in effect:
+# The soft-RoCE VM's speed settings (gtest/rxe/README.md, "What the guest has") are in effect:
 #  - rxe's ICRC runs on crc32_pclmul: where the guest's CPU has PCLMULQDQ (the default model does),
 #    the kernel's "crc32" of highest priority is crc32-pclmul and passed its self-test. Without it
 #    every byte soft-RoCE moves goes through crc32_generic, at half the speed or less.
+#  - the clock source is the TSC (tsc=reliable; kvm-clock under KVM), which the vDSO reads without
+#    a system call;
 #  - every ksoftirqd thread is real-time (SCHED_FIFO), so rxe's deferred packet work does not wait
 #    for a scheduler tick behind busy-polling processes.
 # Only inside the test VM (GMD_RXE_VM=1): on a host with RDMA devices of its own there is nothing to
@@ -29,6 +31,13 @@ else
   echo "FAIL: the guest's CPU has no PCLMULQDQ (GMD_VM_CPU=${GMD_VM_CPU:-default}): rxe's ICRC runs on crc32_generic"
   fail=1
 fi
+clock=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)
+if [[ $clock == tsc || $clock == kvm-clock ]]; then
+  echo "clock source: $clock"
+else
+  echo "FAIL: the guest's clock source is '${clock:-unknown}', not tsc (or kvm-clock under KVM): every clock_gettime is a system call"
+  fail=1
+fi
 n=0
 for pid in $(pgrep -x 'ksoftirqd/[0-9]+'); do
   policy=$(chrt -p "$pid" | sed -n 's/.*scheduling policy: //p')
@@ -36,5 +45,5 @@ for pid in $(pgrep -x 'ksoftirqd/[0-9]+'); do
   [[ $policy == SCHED_FIFO ]] || { echo "FAIL: ksoftirqd (pid $pid) runs $policy, not SCHED_FIFO"; fail=1; }
 done
 ((n == $(nproc))) || { echo "FAIL: $n ksoftirqd threads for $(nproc) CPUs"; fail=1; }
-((fail == 0)) && echo "PASS: crc32-pclmul for rxe, $n ksoftirqd threads real-time"
+((fail == 0)) && echo "PASS: crc32-pclmul for rxe, the TSC clock, $n ksoftirqd threads real-time"
 exit $fail
