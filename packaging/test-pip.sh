@@ -66,8 +66,6 @@ case $phase in
       -DGMD_BUILD_BENCH=OFF -- --target gmd_ucx_unit_tests gmd_ucm_events_ucx_cuda_test \
       gmd_transport_rxe_test gmd_ucp_unexpected_test gmd_ucp_contract_test gmd_ucp_remap_test ||
       exit 1
-    # Built: whoever waits for it (packaging/test.sh's VM lane, GMD_BUILT_MARK) may start.
-    [[ -n ${GMD_BUILT_MARK:-} ]] && echo 0 >"$GMD_BUILT_MARK"
     # Without the release's own CUDA modules (UCX_MODULES=^cu*: libucm's CUDA hooks, cuda_copy,
     # cuda_ipc), the set-up these tests are written for: gmd raises libucm's memory-type events and
     # gmd_copy is the only copy transport (no verbs either way).

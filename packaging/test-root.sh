@@ -2,7 +2,7 @@
 # packaging/test-root.sh SUITE [build|vm|all] — gmd's suite against the UCX of another Debian release
 # (trixie: UCX 1.18, sid: UCX 1.23), as root.
 #   build: the Debian root (packaging/debian-root.sh, cached), gmd built inside it into build-SUITE/,
-#          its unit tests there (once built, before them, "0" into the file GMD_BUILT_MARK when set);
+#          its unit tests there;
 #   vm:    the rxe tests in the soft-RoCE VM running inside the root (in the run-in-vm session that
 #          GMD_VM_SESSION names, else one VM for them), then the release's Debian package (cpack)
 #          installed into a clean copy of the root (packaging/package-check.sh);
@@ -38,8 +38,6 @@ if [[ $phase != vm ]]; then
        cmake --build $build -j $GMD_JOBS"; then
     exit 1
   fi
-  # The build is there: whoever waits for it (packaging/test.sh's VM lane, GMD_BUILT_MARK) may start.
-  [[ -n ${GMD_BUILT_MARK:-} ]] && echo 0 >"$GMD_BUILT_MARK"
   gmd_log "$suite: unit tests"
   stage unit gmd_in_root "$root" "ctest --test-dir $build --output-on-failure -j $GMD_JOBS -L unit"
 fi

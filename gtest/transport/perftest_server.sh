@@ -121,7 +121,7 @@ batch_case() {
   line=
   final=()
   if [[ -f batch.$1.log ]]; then
-    while IFS= read -r l; do
+    while IFS= read -r l || [[ -n $l ]]; do
       [[ $l == Final:* ]] && { line=$l; break; }
     done <"batch.$1.log"
   fi

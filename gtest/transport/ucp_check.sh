@@ -62,7 +62,7 @@ while read -r name test size mode; do
   cfg= other=0
   unset seen
   declare -A seen=()
-  while IFS= read -r l; do
+  while IFS= read -r l || [[ -n $l ]]; do
     if [[ $l =~ ep_cfg\[[0-9]+\] ]]; then
       e=ep_cfg${l##*ep_cfg}
       [[ -n ${seen[$e]:-} ]] || cfg+="$e "
