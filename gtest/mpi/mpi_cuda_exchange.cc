@@ -25,7 +25,13 @@
 #include <cstring>
 #include <vector>
 
+#include "pattern.h"
+
 namespace {
+
+using gmd::mpi_test::checkPattern;
+using gmd::mpi_test::fillPattern;
+using gmd::mpi_test::patternByte;
 
 int g_rank = 0;
 
@@ -44,20 +50,16 @@ void mpi(int r, const char* what) {
   if (r != MPI_SUCCESS) die(what, r);
 }
 
-// The byte at offset i of the message rank `from` sends in exchange `tag`.
-std::uint8_t patternByte(int from, std::uint64_t tag, std::size_t i) {
-  std::uint64_t x = (static_cast<std::uint64_t>(from + 1) << 56) ^ (tag << 24) ^ (i / 8);
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 29;
-  return static_cast<std::uint8_t>(x >> (8 * (i % 8)));
+// The seed of the message rank `from` sends in exchange `tag` (gtest/mpi/pattern.h).
+std::uint64_t seedOf(int from, std::uint64_t tag) {
+  return (static_cast<std::uint64_t>(from + 1) << 56) ^ (tag << 24);
 }
 
 // Writes the pattern into device memory through the driver.
 void fillDevice(CUdeviceptr dst, std::size_t len, int from, std::uint64_t tag,
                 std::vector<std::uint8_t>& host) {
   host.resize(len);
-  for (std::size_t i = 0; i < len; ++i) host[i] = patternByte(from, tag, i);
+  fillPattern(host.data(), len, seedOf(from, tag));
   if (len > 0) cu(cuMemcpyHtoD(dst, host.data(), len), "cuMemcpyHtoD (fill)");
 }
 
@@ -71,10 +73,7 @@ std::size_t checkDevice(CUdeviceptr src, std::size_t len, int from, std::uint64_
                         std::vector<std::uint8_t>& host) {
   host.assign(len, 0);
   if (len > 0) cu(cuMemcpyDtoH(host.data(), src, len), "cuMemcpyDtoH (check)");
-  for (std::size_t i = 0; i < len; ++i) {
-    if (host[i] != patternByte(from, tag, i)) return i;
-  }
-  return len;
+  return checkPattern(host.data(), len, seedOf(from, tag));
 }
 
 void expectPattern(CUdeviceptr buf, std::size_t len, int from, std::uint64_t tag, const char* what,
@@ -83,7 +82,7 @@ void expectPattern(CUdeviceptr buf, std::size_t len, int from, std::uint64_t tag
   if (bad != len) {
     std::fprintf(stderr,
                  "rank %d: FAIL: %s of %zu bytes (tag %" PRIu64 "): byte %zu is 0x%02x, want 0x%02x\n",
-                 g_rank, what, len, tag, bad, host[bad], patternByte(from, tag, bad));
+                 g_rank, what, len, tag, bad, host[bad], patternByte(seedOf(from, tag), bad));
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::exit(1);

@@ -14,27 +14,17 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "pattern.h"
+
 namespace {
 
-// The byte at offset i of the message rank `from` sends in exchange `tag`.
-std::uint8_t patternByte(int from, std::uint64_t tag, std::size_t i) {
-  std::uint64_t x = (static_cast<std::uint64_t>(from) << 56) ^ (tag << 32) ^ (i / 8);
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 29;
-  return static_cast<std::uint8_t>(x >> (8 * (i % 8)));
-}
+using gmd::mpi_test::checkPattern;
+using gmd::mpi_test::fillPattern;
+using gmd::mpi_test::patternByte;
 
-void fill(std::uint8_t* buf, std::size_t len, int from, std::uint64_t tag) {
-  for (std::size_t i = 0; i < len; ++i) buf[i] = patternByte(from, tag, i);
-}
-
-// Offset of the first wrong byte, or len.
-std::size_t check(const std::uint8_t* buf, std::size_t len, int from, std::uint64_t tag) {
-  for (std::size_t i = 0; i < len; ++i) {
-    if (buf[i] != patternByte(from, tag, i)) return i;
-  }
-  return len;
+// The seed of the message rank `from` sends in exchange `tag` (gtest/mpi/pattern.h).
+std::uint64_t seedOf(int from, std::uint64_t tag) {
+  return (static_cast<std::uint64_t>(from) << 56) ^ (tag << 32);
 }
 
 std::uint8_t* mapAt(void* where, std::size_t len) {
@@ -78,17 +68,17 @@ int main(int argc, char** argv) {
       }
     }
     for (int r = 0; r < rounds; ++r, ++tag) {
-      fill(sbuf, len, rank, tag);
+      fillPattern(sbuf, len, seedOf(rank, tag));
       std::memset(rbuf, 0, len);
       MPI_Sendrecv(sbuf, static_cast<int>(len), MPI_BYTE, peer, static_cast<int>(tag % 32000),
                    rbuf, static_cast<int>(len), MPI_BYTE, peer, static_cast<int>(tag % 32000),
                    MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-      const std::size_t bad = check(rbuf, len, peer, tag);
+      const std::size_t bad = checkPattern(rbuf, len, seedOf(peer, tag));
       if (bad != len) {
         std::fprintf(stderr,
                      "rank %d: FAIL: exchange %" PRIu64 " (remap cycle %d): byte %zu is 0x%02x, "
                      "expected 0x%02x\n",
-                     rank, tag, cycle, bad, rbuf[bad], patternByte(peer, tag, bad));
+                     rank, tag, cycle, bad, rbuf[bad], patternByte(seedOf(peer, tag), bad));
         MPI_Abort(MPI_COMM_WORLD, 1);
       }
       ++exchanges;

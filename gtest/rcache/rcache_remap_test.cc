@@ -194,7 +194,13 @@ TEST(RcacheRemapConcurrency, ThreadsSharingPagesWithARemappingNeighbourNeverFail
   ASSERT_NE(MAP_FAILED, static_cast<void*>(base));
   auto buffer = [&](int i) { return base + 2 * static_cast<std::size_t>(i) * kPage; };
   std::atomic<bool> stop{false};
-  std::atomic<long> failures{0}, registrations{0}, remaps{0};
+  std::atomic<long> failures{0}, registrations{0}, attempts{0}, remaps{0};
+  // The users go on past their 2,000 requests each until the re-mapping thread has re-mapped its
+  // page a few times under them: on a loaded machine it may not be scheduled before they finish
+  // (remaps was 0 in 7 of 30 runs beside a benchmark). A deadline keeps a starved thread a failure,
+  // not a hang.
+  constexpr long kMinRemaps = 20;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   std::string first_failure;
   std::mutex failure_mutex;
 
@@ -218,7 +224,10 @@ TEST(RcacheRemapConcurrency, ThreadsSharingPagesWithARemappingNeighbourNeverFail
   std::vector<std::thread> users;
   for (int i : {0, 2}) {
     users.emplace_back([&, i] {
-      for (int k = 0; k < 2000; ++k) {
+      for (int k = 0; k < 2000 || (remaps.load() < kMinRemaps &&
+                                   std::chrono::steady_clock::now() < deadline);
+           ++k) {
+        attempts.fetch_add(1);
         Region* r = nullptr;
         const Result st =
             cache->get(buffer(i), 3 * kPage, kAccessLocalRead, MemType::kHost, &be, &r);
@@ -239,8 +248,9 @@ TEST(RcacheRemapConcurrency, ThreadsSharingPagesWithARemappingNeighbourNeverFail
   stop.store(true);
   remapper.join();
   EXPECT_EQ(0, failures.load()) << "first: " << first_failure;
-  EXPECT_EQ(4000, registrations.load());
-  EXPECT_GT(remaps.load(), 0);
+  EXPECT_GE(attempts.load(), 4000);
+  EXPECT_EQ(attempts.load(), registrations.load());
+  EXPECT_GE(remaps.load(), kMinRemaps);
   monitor.unsubscribe(cache.get());
   cache.reset();
   EXPECT_EQ(0, be.live());

@@ -40,7 +40,7 @@ while read -r name test size; do
   ((++checked))
   batch_case "$name" "$test size $size ($cdev -> $sdev)" || { fail=1; continue; }
   # Final: iters, overhead 50%ile/avg/overall (us), bandwidth avg/overall (MB/s), rate avg/overall
-  echo "$test $size B $cdev -> $sdev: $(echo "$line" | awk '{ printf "%s MB/s, %s us/op", $7, $5 }')"
+  echo "$test $size B $cdev -> $sdev: ${final[6]} MB/s, ${final[4]} us/op"
 done <cases
 batch_done "$checked" || fail=1
 

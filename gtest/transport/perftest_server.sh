@@ -30,6 +30,29 @@ perftest_workdir() {
   cd "$work" || return 1
 }
 
+# nap SECONDS: a pause without starting a process (sleep(1) is one, and in the soft-RoCE VM every
+# process start costs about 0.1 s of the emulated CPUs that the processes under test need): a read
+# with a timeout on a pipe nobody writes to.
+nap() {
+  if [[ -z ${nap_fd:-} ]]; then
+    local f
+    f=$(mktemp -u) && mkfifo "$f" && exec {nap_fd}<>"$f" && rm -f "$f" || { nap_fd=; sleep "$1"; return 0; }
+  fi
+  read -r -t "$1" -u "$nap_fd"
+  return 0
+}
+
+# log_has ERE FILE: whether a line of FILE matches the extended regular expression ERE, in bash
+# itself (for loops that watch a log: no process per look, see nap).
+log_has() {
+  local l
+  [[ -f $2 ]] || return 1
+  while IFS= read -r l || [[ -n $l ]]; do
+    [[ $l =~ $1 ]] && return 0
+  done <"$2"
+  return 1
+}
+
 # wait_for_server PID PORT: returns once the server process PID listens on PORT (a fixed pause is
 # too short on a loaded machine), after at most 60 s, or at once with failure when the server has
 # already exited. Without ss (iproute2) it pauses 2 s.
@@ -39,7 +62,7 @@ wait_for_server() {
   for ((i = 0; i < 600; i++)); do
     kill -0 "$1" 2>/dev/null || return 1
     [[ -n $(ss -Hltn "sport = :$2" 2>/dev/null) ]] && return 0
-    sleep 0.1
+    nap 0.1
   done
   return 1
 }
@@ -68,7 +91,7 @@ perftest_batch() {
   local cpid=$! crc src
   # One deadline for both sides: `timeout` in front of each would leave the other waiting for it.
   local t_end=$((SECONDS + limit))
-  while kill -0 "$cpid" 2>/dev/null && ((SECONDS < t_end)); do sleep 0.2; done
+  while kill -0 "$cpid" 2>/dev/null && ((SECONDS < t_end)); do nap 0.2; done
   if kill -0 "$cpid" 2>/dev/null; then
     kill -9 "$cpid" "$spid" 2>/dev/null
     wait "$cpid" 2>/dev/null
@@ -77,7 +100,7 @@ perftest_batch() {
   else
     wait "$cpid"
     crc=$?
-    while kill -0 "$spid" 2>/dev/null && ((SECONDS < t_end + 10)); do sleep 0.2; done
+    while kill -0 "$spid" 2>/dev/null && ((SECONDS < t_end + 10)); do nap 0.2; done
     kill -9 "$spid" 2>/dev/null
     wait "$spid"
     src=$?
@@ -90,10 +113,19 @@ perftest_batch() {
        file { print > file }' client.log
 }
 
-# batch_case NAME LABEL: sets `line` to test NAME's Final line; without one prints a FAIL line for
-# LABEL (and the end of its output) and fails.
+# batch_case NAME LABEL: sets `line` to test NAME's Final line and `final` to its fields (final[N] is
+# awk's $(N+1)); without one prints a FAIL line for LABEL (and the end of its output) and fails. Reads
+# with bash's own read: the checks look at every test's part, and process starts are dear in the VM.
 batch_case() {
-  line=$([[ -f batch.$1.log ]] && grep -m 1 '^Final:' "batch.$1.log")
+  local l
+  line=
+  final=()
+  if [[ -f batch.$1.log ]]; then
+    while IFS= read -r l || [[ -n $l ]]; do
+      [[ $l == Final:* ]] && { line=$l; break; }
+    done <"batch.$1.log"
+  fi
+  read -r -a final <<<"$line"
   [[ -n $line ]] && return 0
   echo "FAIL: $2: no result: $(batch_stall_note)"
   grep -v ' INFO ' "batch.$1.log" 2>/dev/null | tail -n 5

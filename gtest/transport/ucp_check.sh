@@ -58,14 +58,25 @@ while read -r name test size mode; do
   ((++checked))
   batch_case "$name" "$test $size B ($mode)" || { fail=1; continue; }
   # Client side ep_cfg lines name the transports of each lane: only gmd_rc (and self) may appear.
-  cfg=$(grep -E 'ep_cfg\[[0-9]+\]' "batch.$name.log" | sed 's/.*ep_cfg/ep_cfg/' | sort -u | tr '\n' ' ')
+  # One pass in bash over the test's part (no process per test: see batch_case).
+  cfg= other=0
+  unset seen
+  declare -A seen=()
+  while IFS= read -r l || [[ -n $l ]]; do
+    if [[ $l =~ ep_cfg\[[0-9]+\] ]]; then
+      e=ep_cfg${l##*ep_cfg}
+      [[ -n ${seen[$e]:-} ]] || cfg+="$e "
+      seen[$e]=1
+    fi
+    [[ $l =~ \((tcp|ud_verbs|rc_verbs|posix|sysv|cma)/ ]] && other=1
+  done <"batch.$name.log"
   ((no_ep_cfg)) && [[ -z $cfg ]] && cfg="(not printed by this UCX; ucx_info -e above)"
-  if [[ -z $cfg ]] || grep -Eq '\((tcp|ud_verbs|rc_verbs|posix|sysv|cma)/' "batch.$name.log"; then
+  if [[ -z $cfg ]] || ((other)); then
     echo "FAIL: $test $size B ($mode): lanes not all gmd_rc: ${cfg:-none printed}"
     fail=1
     continue
   fi
-  echo "$test $size B ($mode): $(echo "$line" | awk '{ printf "%s us typical, %s MB/s", $3, $7 }')"
+  echo "$test $size B ($mode): ${final[2]} us typical, ${final[6]} MB/s"
   [[ $test == tag_lat && $size == 8 && $mode == poll ]] && echo "    lanes: $cfg"
 done <cases
 batch_done "$checked" || fail=1

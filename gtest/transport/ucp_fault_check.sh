@@ -58,8 +58,8 @@ perftest() {
     # measured phase has begun), or after KILL_AFTER seconds at most.
     local t_kill=$((SECONDS + kill_after))
     while ((SECONDS < t_kill)) && kill -0 "$cpid" 2>/dev/null &&
-      ! grep -Eq '^ *[0-9]+ +[0-9.]+ ' client.log; do
-      sleep 0.1
+      ! log_has '^ *[0-9]+ +[0-9.]+ ' client.log; do
+      nap 0.1
     done
     # The server itself, not the `timeout` in front of it (which would leave it serving).
     pkill -9 -P "$spid" ucx_perftest
@@ -69,9 +69,9 @@ perftest() {
     # UCP's error handler (ucx_perftest logs its call) must run within 60 s. ucx_perftest itself
     # does not stop on errors and then waits for its dead server, so it is ended here; gmd_ucp_fault
     # below checks that the requests complete.
-    while ((SECONDS - t0 < 60)) && ! grep -q 'error handler called' client.log &&
+    while ((SECONDS - t0 < 60)) && ! log_has 'error handler called' client.log &&
       kill -0 "$cpid" 2>/dev/null; do
-      sleep 0.1
+      nap 0.1
     done
     if grep -q '^Final:' client.log; then
       echo "FAIL: tag_bw -e $size B: the run ended before the kill; raise its iterations"

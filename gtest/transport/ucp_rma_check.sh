@@ -51,7 +51,7 @@ checked=0
 while read -r name test size; do
   ((++checked))
   batch_case "$name" "$test $size B" || { fail=1; continue; }
-  echo "$test $size B: $(echo "$line" | awk '{ printf "%s us typical, %s MB/s", $3, $7 }')"
+  echo "$test $size B: ${final[2]} us typical, ${final[6]} MB/s"
 done <cases
 batch_done "$checked" || fail=1
 [ $fail -eq 0 ] && echo "PASS: UCP ucp_put_lat, ucp_get, ucp_fadd over gmd_rc,self; RMA on gmd_rc"
