@@ -339,7 +339,9 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
   std::size_t overlaps = 0;       // entries the first walk met
   std::uint64_t insertions0 = 0;  // the index's insertion count then
   Status st = Status::kOk;
-  {
+  // Nothing for the first pass to do (nothing it would find): register at once, lock once.
+  const bool bare = bareMiss(rq, &seq0, &insertions0);
+  if (!bare) {
     WriterGuard g(lock_);
     unparkAll_locked();
     applyQueued_locked();
@@ -413,6 +415,7 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
 
   std::size_t len = want.length();
   auto unreserve = [&] {
+    if (bare) return;  // nothing reserved, nothing evicted
     WriterGuard g(lock_);
     bump(regions_, std::int64_t{-1});
     bump(pinned_, -static_cast<std::int64_t>(len));
@@ -425,6 +428,7 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
     std::size_t n_evicted;
     {
       WriterGuard g(lock_);
+      unparkAll_locked();  // a parked hold is unused: it goes too (a bare miss did not unpark)
       n_evicted = evictAllUnused_locked();
     }
     finishWork();
@@ -468,6 +472,12 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
   Reclaimed freeable;
   {
     WriterGuard g(lock_);
+    if (bare) {  // what the first pass does for every miss
+      advanceLruClock_locked();
+      bump(regions_, std::int64_t{1});
+      bump(pinned_, static_cast<std::int64_t>(len));
+      if (ReaderSlot* slot = mySlot()) index_.suggest(slot->read_pos.load(std::memory_order_relaxed));
+    }
     bump(misses_, std::uint64_t{1});
     applyQueued_locked();
     if (queue_.invalidatedSince(seq0, want)) {
@@ -504,6 +514,32 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
   if (attention_.load(std::memory_order_acquire) != 0) finishWork();
   *out = nr;
   return Status::kOk;
+}
+
+// Whether a miss may skip its first pass under the lock, because that pass would find nothing to
+// do: no limit to make room under (regions, pinned bytes), no invalidation queued, no work
+// waiting, and no entry of the index (valid or awaiting purge) overlapping the request, read in an
+// epoch as a hit reads. The common miss (a new buffer) then takes the lock once, to insert.
+// *seq0 and *insertions0 are read before the look: an invalidation applied or an entry inserted
+// after it shows under the lock (rule 5; the overlap walk), as after the first pass. False when
+// unsure (an insertion under way, a leaf that kept changing).
+bool CacheImpl::bareMiss(const Range& rq, std::uint64_t* seq0,
+                         std::uint64_t* insertions0) noexcept {
+  if (config_.max_regions != SIZE_MAX || config_.max_pinned_bytes != SIZE_MAX) return false;
+  ReaderSlot* slot = mySlot();
+  if (slot == nullptr || attention_.load(std::memory_order_acquire) != 0) return false;
+  *seq0 = queue_.applied();
+  *insertions0 = index_.insertions();
+  if ((*insertions0 & 1) != 0) return false;
+  readerEnter(slot->epoch, reclaim_.slots.epoch());
+  // The entry with the greatest start below the request's end: the entries are disjoint, so
+  // nothing overlaps the request when it ends at or before the request's start.
+  Entry e;
+  std::uint64_t pos = slot->read_pos.load(std::memory_order_relaxed);
+  const bool clear = index_.top()->floor(rq.end - 1, &e, &pos) &&
+                     (e.word == 0 || (e.start <= rq.start && !e.reaches(rq.start + 1)));
+  slot->epoch.store(0, std::memory_order_release);
+  return clear;
 }
 
 // Indexes `r` (valid, held by its requester) once the entries it overlaps were marked invalid.

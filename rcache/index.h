@@ -490,9 +490,12 @@ class Index {
     const ReadPos p = ReadPos::unpack(pos);
     if (p.leaf <= 0xffffff && p.pos <= kLeafMax) remember(p.leaf, p.pos);
   }
-  // How many insert() calls there were: entries enter the index only through insert(), so while it
-  // stands still no new entry can overlap a range where a walk found none.
-  std::uint64_t insertions() const noexcept { return insertions_; }
+  // How many insert() calls there were, twice: entries enter the index only through insert(), so
+  // while it stands still no new entry can overlap a range where a walk found none. Odd while an
+  // insertion is under way. Readers may load it without the lock (acquire): an even count they
+  // read was stored after its insertion's entry was in its leaf, so a lookup after the load sees
+  // that entry (CacheImpl::getSlow()'s look without the lock).
+  std::uint64_t insertions() const noexcept { return insertions_.load(std::memory_order_acquire); }
   // Takes the entries queued by queuePurge() out of their leaves, one rewrite per leaf. False if a
   // leaf could not be rewritten (no memory): its regions stay queued for a later pass.
   bool purge() noexcept;
@@ -601,7 +604,7 @@ class Index {
   Node* unindex_ = nullptr;  // queued for purge: invalid, entry still in a leaf
   mutable std::uint64_t hint_ = 0;  // writers' last two positions, the latest in the low half
   Reclaimer* reclaimer_;
-  std::uint64_t insertions_ = 0;
+  std::atomic<std::uint64_t> insertions_{0};  // writers store, readers may load (insertions())
 };
 
 }  // namespace gmd::rcache::detail

@@ -106,12 +106,17 @@ bool Index<Node>::rewriteLeaf(std::size_t i, Node* add, Node* drop, std::size_t*
       }
     }
     // A leaf under kLeafMin entries that no neighbour can take (the copy path would only copy it
-    // into a smaller block, at every removal) is edited in place too.
+    // into a smaller block, at every removal) is edited in place too. So is the only leaf when
+    // its last entry leaves: it stays, empty, for the next insertion (a cache that registers and
+    // drops one region at a time would otherwise allocate a leaf, retire it and free it through
+    // a collection at every miss). Only an index of one leaf has an empty leaf other than the
+    // shared one.
     auto mergeable = [&] {
       return (i + 1 < top->size && n + top->leaf(i + 1)->count() <= kLeafMax) ||
              (i > 0 && n + top->leaf(i - 1)->count() <= kLeafMax);
     };
-    if (n <= old->capacity() && n != 0 && (n >= kLeafMin || top->size == 1 || !mergeable())) {
+    if (n <= old->capacity() && (n != 0 || top->size == 1) &&
+        (n >= kLeafMin || top->size == 1 || !mergeable())) {
       // In place. Entries k of the leaf are slots f + k; each edit moves the entries on its
       // shorter side.
       const std::size_t cap = old->capacity();
@@ -399,13 +404,15 @@ bool Index<Node>::purge() noexcept {
 
 template <typename Node>
 bool Index<Node>::insert(Node* r) noexcept {
-  ++insertions_;
+  const std::uint64_t n = insertions_.load(std::memory_order_relaxed);
+  insertions_.store(n + 1, std::memory_order_relaxed);
+  bool done = true;
   if (!purge()) {
-    bool clear = true;
-    forEachOverlap(r->start(), r->end(), [&](const Entry&) { clear = false; });
-    if (!clear) return false;
+    forEachOverlap(r->start(), r->end(), [&](const Entry&) { done = false; });
   }
-  return rewriteLeaf(leafAt(r->start()), r, nullptr);
+  done = done && rewriteLeaf(leafAt(r->start()), r, nullptr);
+  insertions_.store(n + 2, std::memory_order_release);  // after the entry is in its leaf
+  return done;
 }
 
 }  // namespace gmd::rcache::detail

@@ -158,13 +158,15 @@ class InvalidationQueue {
     spill_end_.store(0, std::memory_order_relaxed);
   }
 
-  // Ranges applied so far (a sequence number for invalidatedSince()).
-  std::uint64_t applied() const noexcept { return seq_; }
+  // Ranges applied so far (a sequence number for invalidatedSince()). The lock's holder writes it;
+  // anyone may read it (acquire: the history up to it is written).
+  std::uint64_t applied() const noexcept { return seq_.load(std::memory_order_acquire); }
   // Whether a range applied after sequence number seq0 overlaps r (true when too many were applied
   // to tell: the worst is assumed).
   bool invalidatedSince(std::uint64_t seq0, Range r) const noexcept {
-    if (seq_ - seq0 > kHistory) return true;
-    for (std::uint64_t s = seq0; s < seq_; ++s) {
+    const std::uint64_t now = seq_.load(std::memory_order_relaxed);
+    if (now - seq0 > kHistory) return true;
+    for (std::uint64_t s = seq0; s < now; ++s) {
       if (history_[s % kHistory].overlaps(r)) return true;
     }
     return false;
@@ -182,15 +184,16 @@ class InvalidationQueue {
     }
   }
   void record(Range r) noexcept {
-    history_[seq_ % kHistory] = r;
-    ++seq_;
+    const std::uint64_t s = seq_.load(std::memory_order_relaxed);
+    history_[s % kHistory] = r;
+    seq_.store(s + 1, std::memory_order_release);
   }
 
   RangeRing<kCapacity> ring_;
   std::atomic<std::uint64_t> overflow_{0};  // pushes that found ring_ full, not yet applied
   std::atomic<std::uintptr_t> spill_start_{UINTPTR_MAX};  // the range covering them (empty: start
   std::atomic<std::uintptr_t> spill_end_{0};              // above end)
-  std::uint64_t seq_ = 0;                                 // ranges applied so far
+  std::atomic<std::uint64_t> seq_{0};                     // ranges applied so far
   Range history_[kHistory];                               // the last kHistory of them
 };
 

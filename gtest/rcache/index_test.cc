@@ -339,6 +339,37 @@ TEST_F(IndexTest, QueuePurgeOfAnUnindexedNodeDoesNothing) {
   checkStructure();
 }
 
+TEST_F(IndexTest, TheOnlyLeafStaysEmptyForTheNextInsertion) {
+  // A cache that registers and drops one region at a time (a miss in an empty cache) edits its one
+  // leaf in place: nothing is allocated, nothing retired.
+  Node* a = make(1, 1);
+  insert(a);
+  const TestIndex::LeafT* leaf = index_->current()->leaf(0);
+  remove(a);
+  ASSERT_TRUE(index_->purge());
+  EXPECT_FALSE(a->in_index_);
+  EXPECT_EQ(index_->current()->leaf(0), leaf);
+  EXPECT_EQ(leaf->count(), 0u);
+  EXPECT_EQ(floor(UINTPTR_MAX), nullptr);
+  EXPECT_EQ(reclaim_.retired.takeAll().objects, nullptr) << "nothing to reclaim";
+  checkStructure();
+  Node* b = make(7, 2);
+  insert(b);
+  EXPECT_EQ(index_->current()->leaf(0), leaf);
+  EXPECT_EQ(floor(8 * kPage)->region(), b);
+  checkStructure();
+}
+
+TEST_F(IndexTest, TheInsertionCountIsEvenBetweenInsertionsAndCountsEachTwice) {
+  // Readers without the lock read it before a lookup (CacheImpl::bareMiss()): odd while an entry
+  // is being placed, and it changes with every insert(), failed ones included.
+  EXPECT_EQ(index_->insertions(), 0u);
+  insert(make(1, 1));
+  EXPECT_EQ(index_->insertions(), 2u);
+  insert(make(3, 1));
+  EXPECT_EQ(index_->insertions(), 4u);
+}
+
 TEST_F(IndexTest, InsertAfterQueueingTheOverlappedEntriesReplacesThem) {
   Node* a = make(10, 2);
   Node* b = make(13, 2);

@@ -504,6 +504,31 @@ TEST_F(RcacheTest, Rule8InvalidationDuringRegistrationIsNeverCached) {
   EXPECT_EQ(be_.live(), 1);
 }
 
+TEST_F(RcacheTest, Rule3OverlapRegisteredWhileAMissRegistersIsMergedAway) {
+  // A miss that found nothing overlapping its request registers without a first pass under the
+  // lock; a region registered meanwhile over part of its range (here from inside its backend
+  // call) must not stay indexed beside the new one.
+  Region* b = nullptr;
+  be_.onReg([&](std::uintptr_t start, std::size_t) {
+    if (start == reinterpret_cast<std::uintptr_t>(at(2)) && b == nullptr) {
+      b = get(1, 2);  // pages 1-2, over page 2
+    }
+  });
+  Region* a = get(2, 2);  // pages 2-3
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(a->start(), reinterpret_cast<std::uintptr_t>(at(2)));
+  EXPECT_EQ(cache_->stats().merges, 1u);
+  Region* r = nullptr;
+  EXPECT_TRUE(cache_->find(at(2), 2 * kPage, kAccessLocalRead, &r));
+  EXPECT_EQ(r, a);
+  if (r != nullptr) cache_->put(r);
+  EXPECT_FALSE(cache_->find(at(1), kPage, kAccessLocalRead, &r)) << "b is out of the index";
+  put(b);  // its last hold: deregistered
+  put(a);
+  EXPECT_EQ(be_.live(), 1);
+  EXPECT_EQ(cache_->stats().regions, 1u);
+}
+
 TEST_F(RcacheTest, Rule8ConcurrentHitsOnOneRegionCountExactly) {
   put(get(0, 16));
   constexpr int kThreads = 4, kIters = 20000;
