@@ -54,14 +54,60 @@ struct SpinGuard {
   std::atomic_flag& f_;
 };
 
+// The free blocks of a pool and the spin lock that guards them (both pools below).
+class LockedFreeList {
+ public:
+  struct Link {
+    Link* next;
+  };
+  // A block; when there is none, grow() (called under the lock; it adds blocks with add()) first.
+  // Null when that fails.
+  template <typename Grow>
+  void* pop(Grow grow) noexcept {
+    SpinGuard g(lock_);
+    if (head_ == nullptr && !grow()) return nullptr;
+    Link* b = head_;
+    head_ = b->next;
+    return b;
+  }
+  void push(void* p) noexcept {
+    SpinGuard g(lock_);
+    add(p);
+  }
+  // Blocks first..last, linked through their first word (last's link is overwritten).
+  void pushChain(Link* first, Link* last) noexcept {
+    SpinGuard g(lock_);
+    last->next = head_;
+    head_ = first;
+  }
+  // Under the lock (grow()).
+  void add(void* p) noexcept {
+    auto* b = static_cast<Link*>(p);
+    b->next = head_;
+    head_ = b;
+  }
+
+  // fork(): the parent's prepare handler takes the lock (after the caches' writer locks; nothing
+  // takes them in the other order) so that no block list is mid-update in the child; parent and
+  // child release it.
+  void lockForFork() noexcept {
+    while (lock_.test_and_set(std::memory_order_acquire)) _mm_pause();
+  }
+  void unlockAfterFork() noexcept { lock_.clear(std::memory_order_release); }
+  // Fork child: forget every block; the lock may have been held by a thread that is gone.
+  void abandon() noexcept {
+    head_ = nullptr;
+    lock_.clear(std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic_flag lock_ = ATOMIC_FLAG_INIT;
+  Link* head_ = nullptr;
+};
+
 template <std::size_t kBlock, std::size_t kAlign>
 class BlockPool {
   static_assert(kBlock >= sizeof(void*) && kBlock % kAlign == 0);
-
- private:
-  struct Free {
-    Free* next;
-  };
 
  public:
   BlockPool() = default;
@@ -81,31 +127,20 @@ class BlockPool {
 #if defined(__SANITIZE_ADDRESS__)
     return ::operator new (kBlock, std::align_val_t{kAlign}, std::nothrow);
 #else
-    SpinGuard g(lock_);
-    if (free_ == nullptr && !grow()) return nullptr;
-    Free* b = free_;
-    free_ = b->next;
-    return b;
+    return free_.pop([this] { return grow(); });
 #endif
   }
   void release(void* p) noexcept {
 #if defined(__SANITIZE_ADDRESS__)
     ::operator delete (p, std::align_val_t{kAlign});
 #else
-    SpinGuard g(lock_);
-    auto* b = static_cast<Free*>(p);
-    b->next = free_;
-    free_ = b;
+    free_.push(p);
 #endif
   }
 
-  // fork(): the parent's prepare handler takes the lock (after the caches' writer locks; nothing
-  // takes them in the other order) so that no block list is mid-update in the child; parent and
-  // child release it.
-  void lockForFork() noexcept {
-    while (lock_.test_and_set(std::memory_order_acquire)) _mm_pause();
-  }
-  void unlockAfterFork() noexcept { lock_.clear(std::memory_order_release); }
+  // fork(): see LockedFreeList.
+  void lockForFork() noexcept { free_.lockForFork(); }
+  void unlockAfterFork() noexcept { free_.unlockAfterFork(); }
 
  private:
   struct Chunk {
@@ -129,16 +164,11 @@ class BlockPool {
     auto* c = reinterpret_cast<Chunk*>(base + kLinkAt);
     c->next = chunks_;
     chunks_ = c;
-    for (std::size_t i = kPerChunk; i-- > (kLinkInTail ? 0 : 1);) {
-      auto* b = reinterpret_cast<Free*>(base + i * kBlock);
-      b->next = free_;
-      free_ = b;
-    }
+    for (std::size_t i = kPerChunk; i-- > (kLinkInTail ? 0 : 1);) free_.add(base + i * kBlock);
     return true;
   }
 
-  std::atomic_flag lock_ = ATOMIC_FLAG_INIT;
-  Free* free_ = nullptr;
+  LockedFreeList free_;
   Chunk* chunks_ = nullptr;
 };
 
@@ -204,9 +234,7 @@ class SpanTable {
 
 template <std::size_t kBlock>
 class LinePool {
-  struct Free {
-    Free* next;
-  };
+  using Link = LockedFreeList::Link;
 
  public:
   static constexpr std::size_t kSpanBytes = 4096;
@@ -245,11 +273,7 @@ class LinePool {
     *reinterpret_cast<std::uint32_t*>(static_cast<unsigned char*>(p) + kBlock) = n;
     return p;
 #else
-    SpinGuard g(lock_);
-    if (free_ == nullptr && !grow()) return nullptr;
-    Free* b = free_;
-    free_ = b->next;
-    return b;
+    return free_.pop([this] { return grow(); });
 #endif
   }
   void release(void* p) noexcept {
@@ -257,10 +281,7 @@ class LinePool {
     SpanTable::remove(idOf(p) >> kIndexBits);
     ::operator delete (p, std::align_val_t{kBlock});
 #else
-    SpinGuard g(lock_);
-    auto* b = static_cast<Free*>(p);
-    b->next = free_;
-    free_ = b;
+    free_.push(p);
 #endif
   }
   // Blocks gathered to be released under one lock acquisition.
@@ -271,7 +292,7 @@ class LinePool {
       SpanTable::remove(idOf(p) >> kIndexBits);
       ::operator delete (p, std::align_val_t{kBlock});
 #else
-      auto* b = static_cast<Free*>(p);
+      auto* b = static_cast<Link*>(p);
       b->next = head_;
       head_ = b;
       if (tail_ == nullptr) tail_ = b;
@@ -280,14 +301,12 @@ class LinePool {
 
    private:
     friend class LinePool;
-    Free* head_ = nullptr;
-    Free* tail_ = nullptr;
+    Link* head_ = nullptr;
+    Link* tail_ = nullptr;
   };
   void release(Chain& c) noexcept {
     if (c.head_ == nullptr) return;
-    SpinGuard g(lock_);
-    c.tail_->next = free_;
-    free_ = c.head_;
+    free_.pushChain(c.head_, c.tail_);
     c.head_ = c.tail_ = nullptr;
   }
 
@@ -309,20 +328,15 @@ class LinePool {
                                    (id & ((1u << kIndexBits) - 1)) * kBlock);
   }
 
-  // fork(): the parent's forkPrepare() takes the lock (after the cache's writer lock; nothing takes
-  // them in the other order) so that no block list is mid-update in the child; parent and child
-  // release it.
-  void lockForFork() noexcept {
-    while (lock_.test_and_set(std::memory_order_acquire)) _mm_pause();
-  }
-  void unlockAfterFork() noexcept { lock_.clear(std::memory_order_release); }
+  // fork(): see LockedFreeList (the parent's forkPrepare() takes the lock after the cache's
+  // writer lock).
+  void lockForFork() noexcept { free_.lockForFork(); }
+  void unlockAfterFork() noexcept { free_.unlockAfterFork(); }
   // Fork child: forget every slab (they hold the parent's regions, which the child never frees)
-  // without reading or freeing them (their span numbers stay taken); the lock may have been held
-  // by a thread that is gone.
+  // without reading or freeing them (their span numbers stay taken).
   void abandon() noexcept {
     slabs_ = nullptr;
-    free_ = nullptr;
-    lock_.clear(std::memory_order_relaxed);
+    free_.abandon();
   }
 
  private:
@@ -375,17 +389,14 @@ class LinePool {
     for (std::size_t j = spans; j-- > 0;) {
       const std::uintptr_t span = first + j * kSpanBytes;
       for (std::size_t i = kPerSpan; i-- > 0;) {
-        auto* b = reinterpret_cast<Free*>(span + kHeadBytes + i * kBlock);
-        b->next = free_;
-        free_ = b;
+        free_.add(reinterpret_cast<void*>(span + kHeadBytes + i * kBlock));
       }
     }
     slab_spans_ = std::min(slab_spans_ * 2, kMaxSlabSpans);
     return true;
   }
 
-  std::atomic_flag lock_ = ATOMIC_FLAG_INIT;
-  Free* free_ = nullptr;
+  LockedFreeList free_;
   Head* slabs_ = nullptr;
   std::size_t slab_spans_ = kMinSlabSpans;
 };
