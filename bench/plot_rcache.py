@@ -116,12 +116,12 @@ def plot_vs_regions(m, outdir, label):
            ("miss", "RcacheMiss", "RcacheMissLarge", "tab:orange"),
            ("evict", None, "RcacheEvictLarge", "tab:green"))
     for impl, style in (("gmd", "-o"), ("ucs", "--s")):
-        label = "gmd" if impl == "gmd" else "ucs_rcache"
+        name = "gmd" if impl == "gmd" else "ucs_rcache"
         for op, single, large, colour in ops:
             pts = [(1, m[f"{single}_{impl}"])] if single and f"{single}_{impl}" in m else []
             pts += series(m, rf"{large}_{impl}/(\d+)")
             if pts:
-                ax.plot(*zip(*pts), style, color=colour, label=f"{op}, {label}")
+                ax.plot(*zip(*pts), style, color=colour, label=f"{op}, {name}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("cached regions (evict: the cache is full at that many)")
