@@ -273,7 +273,9 @@ struct Leaf : Retired {
   // *pos comes in as a guess (the reader's last position): taken when the entries on either side
   // of it show it is the answer, else the leaf is searched. False when the read overlapped a
   // writer's edit: nothing read counts.
-  bool readFloor(std::uintptr_t addr, Entry* out, std::size_t* pos) const noexcept {
+  // Inlined into the hit (see Top::readFloor()).
+  __attribute__((always_inline)) bool readFloor(std::uintptr_t addr, Entry* out,
+                                                std::size_t* pos) const noexcept {
     const std::uint32_t s0 = seq.load(std::memory_order_acquire);
     // One load of the shape: a torn one is still a shape the writer stored, and it never stores
     // one reaching past capacity(), so every slot below is in the block whatever was read.
@@ -440,8 +442,10 @@ struct Top : Retired {
     last.ok = readFloor(leaf(i), UINTPTR_MAX, &last.entry, &k);
     return last;
   }
-  static bool readFloor(const Leaf<Node>* l, std::uintptr_t addr, Entry* out,
-                        std::size_t* pos) noexcept {
+  // Inlined into the hit, as Leaf::readFloor(): left to the compiler (two callers, the hit and a
+  // bare miss's look), one of them was kept out of line, a call and return on every hit.
+  __attribute__((always_inline)) static bool readFloor(const Leaf<Node>* l, std::uintptr_t addr,
+                                                       Entry* out, std::size_t* pos) noexcept {
     for (int t = 0; t < kReadTries; ++t) {
       if (__builtin_expect(l->readFloor(addr, out, pos), 1)) return true;
 #if defined(__x86_64__) || defined(__i386__)
