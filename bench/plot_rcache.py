@@ -52,6 +52,7 @@ def cv(a):
 CASES = [
     ("hit, 1 thread", "RcacheHit_gmd", "RcacheHit_ucs", 0.6),
     ("hit, 1 of 100k regions", "RcacheHitLargeN_gmd/100000", "RcacheHitLargeN_ucs/100000", 0.6),
+    ("hit, two buffers in turn", "RcacheHitTwo_gmd", "RcacheHitTwo_ucs", 0.6),
     ("hit, 4 threads, per op, against gmd's 1 thread", "RcacheHitThreads_gmd/threads:4",
      "RcacheHitThreads_gmd/threads:1", 1.1),
     ("miss, empty cache", "RcacheMiss_gmd", "RcacheMiss_ucs", 0.8),

@@ -3,6 +3,9 @@
 //
 //   RcacheHit_*            get + release of a cached 64 KiB range, one thread
 //   RcacheHitThreads_*     the same with 1, 2 and 4 threads, each thread on its own 64 KiB buffer
+//   RcacheHitTwo_*         get + release of two cached 64 KiB ranges in turn, one thread: no
+//                          hit finds the region its thread released last (gmd's parked hold, see
+//                          docs/rcache.md), so every one goes through the index
 //   RcacheMiss_*           a new region each time, registered and released: get (a miss),
 //   invalidate
 //                          the region while held, release (which deregisters it), so that every
@@ -203,6 +206,35 @@ void RcacheHit_ucs(benchmark::State& state) {
   ucs_rcache_destroy(c);
 }
 BENCHMARK(RcacheHit_ucs);
+
+// Two buffers in turn; each iteration is one get + release (the counter and times are per hit).
+void RcacheHitTwo_gmd(benchmark::State& state) {
+  auto c = makeGmd();
+  char* const bufs[2] = {hitBuffer(0), hitBuffer(1)};
+  for (char* b : bufs) c->put(gmdGet(c.get(), b, kHitLength));
+  unsigned i = 0;
+  for (auto _ : state) {
+    rc::Region* r = gmdGet(c.get(), bufs[i++ & 1], kHitLength);
+    benchmark::DoNotOptimize(r);
+    c->put(r);
+  }
+  state.counters["hits"] = static_cast<double>(c->stats().hits);
+}
+BENCHMARK(RcacheHitTwo_gmd);
+
+void RcacheHitTwo_ucs(benchmark::State& state) {
+  ucs_rcache_t* c = makeUcs();
+  char* const bufs[2] = {hitBuffer(0), hitBuffer(1)};
+  for (char* b : bufs) ucs_rcache_region_put(c, ucsGet(c, b, kHitLength));
+  unsigned i = 0;
+  for (auto _ : state) {
+    ucs_rcache_region_t* r = ucsGet(c, bufs[i++ & 1], kHitLength);
+    benchmark::DoNotOptimize(r);
+    ucs_rcache_region_put(c, r);
+  }
+  ucs_rcache_destroy(c);
+}
+BENCHMARK(RcacheHitTwo_ucs);
 
 // ---- Hit, several threads on one cache, each on its own buffer ----------------------------------
 

@@ -189,31 +189,50 @@ Result CacheImpl::get(const void* address, std::size_t length, unsigned access,
   return getSlow(address, length, rq, access, resolver, region);
 }
 
+// In an epoch: the region of the index's entry that covers [start, end), null when none does (or
+// a writer kept editing its leaf: the slow path then looks under the lock). Out of line, with its
+// arguments by value: inlined, the search ran out of registers and spilled the reader slot around
+// the leaf search (about 1 ns more per hit among 100,000 regions).
+__attribute__((noinline)) RegionImpl* CacheImpl::floorRegion(ReaderSlot* slot,
+                                                             std::uintptr_t start,
+                                                             std::uintptr_t end) noexcept {
+  // A copy of the floor entry, from a consistent read of its leaf. The region it names is live
+  // for our epoch.
+  Entry e;
+  std::uint64_t pos = slot->read_pos.load(std::memory_order_relaxed);
+  const bool found = index_.top()->floor(start, &e, &pos);
+  slot->read_pos.store(pos, std::memory_order_relaxed);
+  return found && e.word != 0 && e.reaches(end) ? e.region() : nullptr;
+}
+
 // The lock-free hit: a valid region covering [start, end) with `access` that serves `resolver`
 // (any region when null), acquired; null when there is none or pending work must run first.
-// Out of line, with its arguments by value: inlined into get(), which keeps what getSlow() needs
-// in callee-saved registers, the search ran out of registers and spilled the reader slot around
-// the leaf search (about 1 ns more per hit among 100,000 regions, 0.7 ns less with one region).
-__attribute__((noinline)) RegionImpl* CacheImpl::fastHit(std::uintptr_t start, std::uintptr_t end,
-                                                         unsigned access,
-                                                         const Resolver* resolver) noexcept {
+// Inline in get() and find(): the common hit (the region this thread parked) takes no call; the
+// index's search is out of line (floorRegion()).
+__attribute__((always_inline)) inline RegionImpl* CacheImpl::fastHit(std::uintptr_t start,
+                                                                     std::uintptr_t end,
+                                                                     unsigned access,
+                                                                     const Resolver* resolver) noexcept {
   ReaderSlot* slot = mySlot();
   if (__builtin_expect(slot == nullptr || attention_.load(std::memory_order_acquire) != 0, 0)) {
     return nullptr;
   }
   readerEnter(slot->epoch, reclaim_.slots.epoch());
-  // A copy of the floor entry, from a consistent read of its leaf (a writer kept editing it:
-  // false, and the slow path looks under the lock). The region it names is live for our epoch.
-  Entry e;
   bool hit = false;
   std::uint64_t prev = 0;
-  RegionImpl* r = nullptr;
-  std::uint64_t pos = slot->read_pos.load(std::memory_order_relaxed);
-  const bool found = index_.top()->floor(start, &e, &pos);
-  slot->read_pos.store(pos, std::memory_order_relaxed);
   bool taken = false;
-  if (found && e.word != 0 && e.reaches(end)) {
-    r = e.region();
+  // First the region this thread parked a hold on, when it is valid and covers the request: the
+  // region the index would name, without the index's loads. A valid region is indexed (a miss
+  // marks one it cannot index invalid), and its entry is the only one its range meets (invariant
+  // 1), so it is the floor entry. The parked hold keeps it alive, and our epoch does once a writer
+  // took the hold out; a writer that invalidates it meanwhile is seen below, as from the index.
+  auto* r = static_cast<RegionImpl*>(slot->parked.load(std::memory_order_relaxed));
+  if (__builtin_expect(r == nullptr || r->start() > start || r->end() < end ||
+                           (r->state_.load(std::memory_order_relaxed) & kInvalid) != 0,
+                       0)) {
+    r = floorRegion(slot, start, end);
+  }
+  if (r != nullptr) {
     if (resolver == nullptr ? (r->access() & access) == access : r->serves(access, *resolver)) {
       // The hold this thread parked at its last put() of r, if it is still there: one CAS on our
       // own slot's line. Else a new hold: one CAS on the region's state word.

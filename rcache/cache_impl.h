@@ -185,6 +185,7 @@ class CacheImpl final : public Cache {
                       const Resolver& resolver, Region* const* region, Range* rq) const noexcept;
   RegionImpl* fastHit(std::uintptr_t start, std::uintptr_t end, unsigned access,
                       const Resolver* resolver) noexcept;
+  RegionImpl* floorRegion(ReaderSlot* slot, std::uintptr_t start, std::uintptr_t end) noexcept;
   bool bareMiss(const Range& rq, std::uint64_t* seq0, std::uint64_t* insertions0) noexcept;
   Result getSlow(const void* address, std::size_t length, const Range& rq, unsigned access,
                  const Resolver& resolver, Region** out) noexcept;

@@ -117,6 +117,36 @@ TEST_F(RcacheTest, Rule2HitNeedsFullCoverage) {
   EXPECT_EQ(s.misses, 2u);
 }
 
+// A hit looks first at the region the thread released last (its parked hold), then in the index:
+// that region must still cover the whole request, at its start as at its end.
+TEST_F(RcacheTest, Rule2TheRegionReleasedLastServesOnlyWhatItCovers) {
+  Region* a = get(2, 2);  // [2, 4)
+  put(a);
+  Region* b = get(1, 2);  // [1, 3): begins before a
+  EXPECT_NE(b, a);
+  EXPECT_LE(b->start(), kBase + 1 * kPage);
+  EXPECT_GE(b->end(), kBase + 3 * kPage);
+  put(b);
+  Region* c = get(3, 2);  // [3, 5): ends after b
+  EXPECT_NE(c, b);
+  EXPECT_LE(c->start(), kBase + 3 * kPage);
+  EXPECT_GE(c->end(), kBase + 5 * kPage);
+  put(c);
+  Region* d = get(1, 4);  // [1, 5): c, the union of all three
+  EXPECT_EQ(d, c);
+  put(d);
+  Region* e = nullptr;
+  ASSERT_TRUE(cache_->find(at(4), kPage, kAccessLocalRead, &e));
+  EXPECT_EQ(e, c);
+  cache_->put(e);
+  EXPECT_FALSE(cache_->find(at(4), 2 * kPage, kAccessLocalRead, &e)) << "[4, 6) ends after c";
+  EXPECT_FALSE(cache_->find(at(0), 2 * kPage, kAccessLocalRead, &e)) << "[0, 2) begins before c";
+  const Stats s = cache_->stats();
+  EXPECT_EQ(s.misses, 3u);
+  EXPECT_EQ(s.hits, 2u);
+  EXPECT_EQ(be_.regCalls(), 3);
+}
+
 TEST_F(RcacheTest, Rule2HitNeedsRequestedAccess) {
   Region* a = get(0, 2, kAccessLocalRead);
   put(a);
