@@ -3,9 +3,9 @@
 //
 //   RcacheHit_*            get + release of a cached 64 KiB range, one thread
 //   RcacheHitThreads_*     the same with 1, 2 and 4 threads, each thread on its own 64 KiB buffer
-//   RcacheHitTwo_*         get + release of two cached 64 KiB ranges in turn, one thread: no
-//                          hit finds the region its thread released last (gmd's parked hold, see
-//                          docs/rcache.md), so every one goes through the index
+//   RcacheHitTwo_*         get + release of two cached 64 KiB ranges in turn, one thread: gmd's
+//                          thread keeps its parked hold (docs/rcache.md) on one of them, so every
+//                          other hit searches the index and takes and drops a hold of its own
 //   RcacheMiss_*           a new region each time, registered and released: get (a miss),
 //   invalidate
 //                          the region while held, release (which deregisters it), so that every

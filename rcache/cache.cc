@@ -32,8 +32,15 @@ std::atomic<std::uint64_t> g_next_cache_id{1};
 struct TlsSlot {
   std::uint64_t cache_id;
   ReaderSlot* slot;
+  // Hits on other regions since this thread parked its hold (when the slot holds one); see put().
+  std::uint32_t park_misses;
 };
-__attribute__((tls_model("initial-exec"))) thread_local TlsSlot tls_slot{0, nullptr};
+__attribute__((tls_model("initial-exec"))) thread_local TlsSlot tls_slot{0, nullptr, 0};
+
+// A thread's parked hold that this many of its hits in a row did not find (the thread moved on to
+// other buffers, or the slot's previous owner, a thread that exited, left it) gives way to the
+// next region the thread releases. Up to this many buffers taken in turn keep it where it is.
+constexpr std::uint32_t kStaleParkMisses = 8;
 
 }  // namespace
 
@@ -128,7 +135,7 @@ __attribute__((always_inline)) inline ReaderSlot* CacheImpl::mySlot() noexcept {
 __attribute__((noinline)) ReaderSlot* CacheImpl::mySlotSlow() noexcept {
   const int ti = threadIndex();
   ReaderSlot* s = ti >= 0 ? reclaim_.slots.slot(ti) : nullptr;
-  if (s != nullptr) tls_slot = TlsSlot{id_, s};
+  if (s != nullptr) tls_slot = TlsSlot{id_, s, 0};
   return s;
 }
 
@@ -219,44 +226,41 @@ __attribute__((always_inline)) inline RegionImpl* CacheImpl::fastHit(std::uintpt
   }
   readerEnter(slot->epoch, reclaim_.slots.epoch());
   bool hit = false;
-  std::uint64_t prev = 0;
   bool taken = false;
-  // First the region this thread parked a hold on, when it is valid and covers the request: the
-  // region the index would name, without the index's loads. A valid region is indexed (a miss
-  // marks one it cannot index invalid), and its entry is the only one its range meets (invariant
-  // 1), so it is the floor entry. The parked hold keeps it alive, and our epoch does once a writer
-  // took the hold out; a writer that invalidates it meanwhile is seen below, as from the index.
+  std::uint64_t prev = 0;
+  // First the region this thread parked a hold on, when it covers the request (told from the
+  // bounds the slot keeps, without reading the region's line): the region the index would name,
+  // if it is valid. A valid region is indexed (a miss marks one it cannot index invalid), and its
+  // entry is the only one its range meets (invariant 1), so it is the floor entry.
   auto* r = static_cast<RegionImpl*>(slot->parked.load(std::memory_order_relaxed));
-  if (__builtin_expect(r == nullptr || r->start() > start || r->end() < end ||
-                           (r->state_.load(std::memory_order_relaxed) & kInvalid) != 0,
-                       0)) {
-    r = floorRegion(slot, start, end);
-  }
-  if (r != nullptr) {
-    if (resolver == nullptr ? (r->access() & access) == access : r->serves(access, *resolver)) {
-      // The hold this thread parked at its last put() of r, if it is still there: one CAS on our
-      // own slot's line. Else a new hold: one CAS on the region's state word.
-      void* mine = r;
-      taken = slot->parked.load(std::memory_order_relaxed) == mine &&
-              slot->parked.compare_exchange_strong(mine, nullptr, std::memory_order_acquire,
-                                                   std::memory_order_relaxed);
-      hit = taken || r->tryAcquire(&prev);
+  if (r != nullptr && slot->parked_start <= start && end <= slot->parked_end &&
+      (resolver == nullptr ? (r->access() & access) == access : r->serves(access, *resolver))) {
+    // One CAS on our own slot's line takes the hold back (unless a writer took it out: then the
+    // index, below). Held, r cannot be freed; invalidated since it was parked, its hold goes back
+    // where it was, for the next writer pass to release (and deregister: the hit path never
+    // takes the lock nor deregisters), and the index may name a newer region.
+    void* mine = r;
+    if (slot->parked.compare_exchange_strong(mine, nullptr, std::memory_order_acquire,
+                                             std::memory_order_relaxed)) {
+      if (__builtin_expect((r->state_.load(std::memory_order_acquire) & kInvalid) == 0, 1)) {
+        hit = taken = true;
+      } else {
+        slot->parked.store(r, std::memory_order_release);
+      }
     }
+  }
+  if (__builtin_expect(!hit, 0)) {
+    if (r != nullptr) ++tls_slot.park_misses;
+    // The index; a new hold with one CAS on the region's state word, which fails if it is invalid.
+    r = floorRegion(slot, start, end);
+    hit = r != nullptr &&
+          (resolver == nullptr ? (r->access() & access) == access
+                               : r->serves(access, *resolver)) &&
+          r->tryAcquire(&prev);
   }
   slot->epoch.store(0, std::memory_order_release);
   if (!hit) return nullptr;
-  if (taken) {
-    // Our hold keeps r alive; it may have been invalidated since it was parked. Then it goes
-    // back where it was, for the next writer pass to release (and deregister): the hit path
-    // never takes the lock nor deregisters (find() promises not to wait for the lock; get()
-    // goes on to its slow path, which is such a pass).
-    if (__builtin_expect((r->state_.load(std::memory_order_acquire) & kInvalid) != 0, 0)) {
-      slot->parked.store(r, std::memory_order_release);
-      return nullptr;
-    }
-  } else if (prev == 0) {
-    addUnused(slot, -static_cast<std::int64_t>(r->length()));
-  }
+  if (!taken && prev == 0) addUnused(slot, -static_cast<std::int64_t>(r->length()));
   bump(slot->hits, std::uint64_t{1});
   return r;
 }
@@ -272,6 +276,26 @@ bool CacheImpl::find(const void* address, std::size_t length, unsigned access,
   if (r == nullptr) return false;
   *region = r;
   return true;
+}
+
+// The owner parks its hold on r in its empty slot: the bounds first, for its hits to read.
+__attribute__((always_inline)) inline void CacheImpl::park(ReaderSlot* slot, RegionImpl* r) noexcept {
+  slot->parked_start = r->start();
+  slot->parked_end = r->end();
+  slot->parked.store(r, std::memory_order_release);
+  if (__builtin_expect(tls_slot.park_misses != 0, 0)) tls_slot.park_misses = 0;
+}
+
+// Drops one hold on r, a valid or invalid region of this fork generation, as put() does.
+__attribute__((noinline)) void CacheImpl::releaseHold(ReaderSlot* slot, RegionImpl* r) noexcept {
+  const auto len = static_cast<std::int64_t>(r->length());  // before: r may go once released
+  const std::uint32_t prev = r->state_.fetch_sub(1, std::memory_order_acq_rel);
+  if ((prev & kHolderMask) != 1) return;
+  if ((prev & kInvalid) == 0) {
+    addUnused(slot, len);
+  } else {
+    releaseInvalid(r);
+  }
 }
 
 void CacheImpl::put(Region* region) noexcept {
@@ -296,7 +320,20 @@ void CacheImpl::put(Region* region) noexcept {
     // sees at least its own hold.
     if (parked == nullptr && (s & kInvalid) == 0 && (s & kHolderMask) != 0) {
       // Park the hold: no read-modify-write (see "Parked holds" below).
-      slot->parked.store(r, std::memory_order_release);
+      park(slot, r);
+      if (attention_.load(std::memory_order_acquire) != 0) finishWork();
+      return;
+    }
+    // A parked hold on another region that the thread's hits keep missing: released (taken out
+    // first, as a writer may be taking it too), and this hold parked in its place.
+    if (parked != nullptr && parked != r && (s & kInvalid) == 0 && (s & kHolderMask) != 0 &&
+        tls_slot.park_misses >= kStaleParkMisses) {
+      auto* old = static_cast<RegionImpl*>(parked);
+      if (slot->parked.compare_exchange_strong(parked, nullptr, std::memory_order_acquire,
+                                               std::memory_order_relaxed)) {
+        releaseHold(slot, old);
+      }
+      park(slot, r);  // the slot is empty now: taken out by us or by a writer
       if (attention_.load(std::memory_order_acquire) != 0) finishWork();
       return;
     }

@@ -186,6 +186,8 @@ class CacheImpl final : public Cache {
   RegionImpl* fastHit(std::uintptr_t start, std::uintptr_t end, unsigned access,
                       const Resolver* resolver) noexcept;
   RegionImpl* floorRegion(ReaderSlot* slot, std::uintptr_t start, std::uintptr_t end) noexcept;
+  void park(ReaderSlot* slot, RegionImpl* r) noexcept;
+  void releaseHold(ReaderSlot* slot, RegionImpl* r) noexcept;
   bool bareMiss(const Range& rq, std::uint64_t* seq0, std::uint64_t* insertions0) noexcept;
   Result getSlow(const void* address, std::size_t length, const Range& rq, unsigned access,
                  const Resolver& resolver, Region** out) noexcept;

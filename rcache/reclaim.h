@@ -61,7 +61,13 @@ struct alignas(kCacheLine) ReaderSlot {
   // holds"). The owner stores a region into it only while it is null; everyone else only takes
   // it out (exchange / compare-and-swap to null), and writers do so at each pass (lock_).
   std::atomic<void*> parked{nullptr};
+  // Owner only: the bounds of the region it last stored into `parked`, written before that store,
+  // so that a hit tells whether the parked region covers its request without reading the
+  // region's line (which another thread may be writing, when the two use that buffer).
+  std::uintptr_t parked_start = 0;
+  std::uintptr_t parked_end = 0;
 };
+static_assert(sizeof(ReaderSlot) == kCacheLine, "a reader slot is one cache line");
 
 // The reader slots of one cache and its global epoch. Slots are allocated in chunks on first use
 // and never freed before the cache.

@@ -841,6 +841,72 @@ TEST_F(RcacheTest, ParkedHoldsTakenBackAndTakenOutConcurrently) {
   EXPECT_EQ(cache_->stats().regions, 0u);
 }
 
+// A hold parked on a region its thread no longer takes gives way: after kStaleParkMisses (8) hits
+// elsewhere, the thread's next release releases it and parks its own. Seen here through
+// max_unused_bytes: released, the old region is unused over the limit and evicted at once; left
+// parked, it stayed held (and registered) until the next writer pass.
+TEST_F(RcacheTest, AParkedHoldItsThreadKeepsMissingGivesWayToTheNextRelease) {
+  Config cfg;
+  cfg.max_unused_bytes = kPage;
+  make(cfg);
+  Region* a = get(0, 2);
+  Region* b = get(4, 1);
+  FakeBackend::Record* ra = FakeBackend::record(a);
+  FakeBackend::Record* rb = FakeBackend::record(b);
+  put(a);  // parked: held, not unused
+  put(b);  // the slot is taken: b is unused, one page, within the limit
+  for (int i = 0; i < 7; ++i) put(get(4, 1));
+  EXPECT_EQ(ra->deregs.load(), 0) << "7 hits elsewhere: a's hold stays parked";
+  for (int i = 0; i < 13; ++i) put(get(4, 1));
+  EXPECT_EQ(ra->deregs.load(), 1)
+      << "a's hold released (b's parked): two unused pages, over max_unused_bytes, a evicted";
+  EXPECT_EQ(rb->deregs.load(), 0);
+  const Stats s = cache_->stats();
+  EXPECT_EQ(s.hits, 20u);
+  EXPECT_EQ(s.regions, 1u);
+  EXPECT_EQ(s.unused_bytes, kPage);
+  invalidate(4, 1);
+  cache_->progress();
+  EXPECT_EQ(rb->deregs.load(), 1);
+  EXPECT_EQ(be_.live(), 0);
+}
+
+// The same give-way while another thread's writer passes take parked holds out: each hold is
+// released exactly once (a region deregistered while held, or never, fails the oracle).
+TEST_F(RcacheTest, AParkedHoldGivesWayWhileWritersTakeItOut) {
+  Region* a = get(0, 1);
+  Region* b = get(2, 1);
+  FakeBackend::Record* ra = FakeBackend::record(a);
+  FakeBackend::Record* rb = FakeBackend::record(b);
+  put(a);
+  put(b);
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    while (!stop.load(std::memory_order_relaxed)) cache_->progress();
+  });
+  for (int round = 0; round < 2000; ++round) {
+    const std::uintptr_t page = (round & 1) != 0 ? 0 : 2;  // 10 hits on one, then on the other
+    for (int i = 0; i < 10; ++i) {
+      Region* r = get(page, 1);
+      ASSERT_NE(r, nullptr);
+      ASSERT_EQ(FakeBackend::record(r), page == 0 ? ra : rb);
+      put(r);
+    }
+  }
+  stop = true;
+  writer.join();
+  EXPECT_EQ(ra->deregs.load(), 0);
+  EXPECT_EQ(rb->deregs.load(), 0);
+  const Stats s = cache_->stats();
+  EXPECT_EQ(s.regions, 2u);
+  EXPECT_EQ(s.unused_bytes, 2 * kPage);
+  invalidate(0, 4);
+  cache_->progress();
+  EXPECT_EQ(ra->deregs.load(), 1);
+  EXPECT_EQ(rb->deregs.load(), 1);
+  EXPECT_EQ(be_.live(), 0);
+}
+
 TEST(RcacheConfig, InvalidLimitsAreRejected) {
   std::unique_ptr<Cache> c;
   Config cfg;
