@@ -135,6 +135,16 @@ inline void bump(std::atomic<T>& a, T d) noexcept {
   a.store(a.load(std::memory_order_relaxed) + d, std::memory_order_relaxed);
 }
 
+// The calling thread's reader slot in the cache it used last (caches have unique ids): what
+// CacheImpl::mySlot() reads first. Defined in cache.cc.
+struct TlsSlot {
+  std::uint64_t cache_id;
+  ReaderSlot* slot;
+  // Hits on other regions since this thread parked its hold (when the slot holds one); see put().
+  std::uint32_t park_misses;
+};
+extern __attribute__((tls_model("initial-exec"))) constinit thread_local TlsSlot tls_slot;
+
 class CacheImpl final : public Cache {
  public:
   explicit CacheImpl(const Config& config) noexcept;
@@ -192,7 +202,10 @@ class CacheImpl final : public Cache {
   Result getSlow(const void* address, std::size_t length, const Range& rq, unsigned access,
                  const Resolver& resolver, Region** out) noexcept;
   // The calling thread's slot in this cache (null past kMaxThreads threads or on no memory).
-  ReaderSlot* mySlot() noexcept;
+  __attribute__((always_inline)) ReaderSlot* mySlot() noexcept {
+    if (__builtin_expect(tls_slot.cache_id == id_, 1)) return tls_slot.slot;
+    return mySlotSlow();
+  }
   ReaderSlot* mySlotSlow() noexcept;
   // Adds `delta` to the unused bytes in `slot`'s share when it stays within its bound; false when
   // it would not (nothing changed then: the caller flushes).
