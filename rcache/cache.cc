@@ -1,6 +1,6 @@
-// The registration cache: lookups (the lock-free hit path), misses, invalidation, deferred
-// deregistration and counters. See rcache/cache_impl.h for the shape and rcache/README.md for the
-// invariants; invalidation.cc holds invalidation, eviction.cc the limits, fork.cc the fork() handling.
+// The registration cache: lookups (the lock-free hit path), parked holds and counters. See
+// rcache/cache_impl.h for the shape and rcache/README.md for the invariants; miss.cc holds the
+// misses, invalidation.cc invalidation, eviction.cc the limits, fork.cc the fork() handling.
 //
 //  - The index (index.h) is published through an atomic pointer. Readers look it up inside an epoch
 //    (reclaim.h) and take a reference with one CAS on the region's state word, which fails once the

@@ -1,6 +1,6 @@
 // The registration cache (internal to rcache/): CacheImpl ties the index, reclamation, the
-// invalidation queue and the eviction order together. Defined in cache.cc (lookups, misses, parked
-// holds), invalidation.cc (invalidation), deferred.cc (dead regions, deferred deregistration and
+// invalidation queue and the eviction order together. Defined in cache.cc (lookups, parked holds,
+// counters), miss.cc (misses), invalidation.cc (invalidation), deferred.cc (dead regions, deferred deregistration and
 // reclamation), eviction.cc (limits and LRU eviction) and fork.cc (fork()).
 // See rcache/README.md for the invariants and docs/rcache.md for the design.
 //
@@ -247,7 +247,7 @@ class CacheImpl final : public Cache {
   bool makeRoom_locked(std::size_t bytes) noexcept;
   void enforceUnused_locked() noexcept;
   std::size_t evictAllUnused_locked() noexcept;
-  // cache.cc
+  // miss.cc
   bool insert_locked(RegionImpl* r) noexcept;
   // deferred.cc
   void pushDead_locked(RegionImpl* r) noexcept;
