@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/common/fake_backend.h"
@@ -47,6 +48,18 @@ class RcacheTest : public ::testing::Test {
     return ra;
   }
   void SetUp() override { make(); }
+  // Region a at `a_page` (`a_pages` long) and b at `b_page` (one page), released in that order:
+  // a's hold parked in this thread's empty slot, b unused. Their records.
+  std::pair<FakeBackend::Record*, FakeBackend::Record*> parkedThenUnused(std::uintptr_t a_page,
+                                                                         std::size_t a_pages,
+                                                                         std::uintptr_t b_page) {
+    Region* a = get(a_page, a_pages);
+    Region* b = get(b_page, 1);
+    const auto records = std::make_pair(FakeBackend::record(a), FakeBackend::record(b));
+    put(a);
+    put(b);
+    return records;
+  }
 
   // get() with oracle bookkeeping.
   Region* get(std::uintptr_t first_page, std::size_t pages, unsigned access = kAccessLocalRead,
@@ -849,12 +862,8 @@ TEST_F(RcacheTest, AParkedHoldItsThreadKeepsMissingGivesWayToTheNextRelease) {
   Config cfg;
   cfg.max_unused_bytes = kPage;
   make(cfg);
-  Region* a = get(0, 2);
-  Region* b = get(4, 1);
-  FakeBackend::Record* ra = FakeBackend::record(a);
-  FakeBackend::Record* rb = FakeBackend::record(b);
-  put(a);  // parked: held, not unused
-  put(b);  // the slot is taken: b is unused, one page, within the limit
+  // a parked: held, not unused; b unused (the slot was taken), one page, within the limit.
+  const auto [ra, rb] = parkedThenUnused(0, 2, 4);
   for (int i = 0; i < 7; ++i) put(get(4, 1));
   EXPECT_EQ(ra->deregs.load(), 0) << "7 hits elsewhere: a's hold stays parked";
   for (int i = 0; i < 13; ++i) put(get(4, 1));
@@ -874,12 +883,7 @@ TEST_F(RcacheTest, AParkedHoldItsThreadKeepsMissingGivesWayToTheNextRelease) {
 // The same give-way while another thread's writer passes take parked holds out: each hold is
 // released exactly once (a region deregistered while held, or never, fails the oracle).
 TEST_F(RcacheTest, AParkedHoldGivesWayWhileWritersTakeItOut) {
-  Region* a = get(0, 1);
-  Region* b = get(2, 1);
-  FakeBackend::Record* ra = FakeBackend::record(a);
-  FakeBackend::Record* rb = FakeBackend::record(b);
-  put(a);
-  put(b);
+  const auto [ra, rb] = parkedThenUnused(0, 1, 2);
   std::atomic<bool> stop{false};
   std::thread writer([&] {
     while (!stop.load(std::memory_order_relaxed)) cache_->progress();
