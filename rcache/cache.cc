@@ -220,9 +220,12 @@ __attribute__((always_inline)) inline RegionImpl* CacheImpl::fastHit(std::uintpt
   // bounds the slot keeps, without reading the region's line): the region the index would name,
   // if it is valid. A valid region is indexed (a miss marks one it cannot index invalid), and its
   // entry is the only one its range meets (invariant 1), so it is the floor entry.
+  // Whether a region answers the request's access (and a fixed resolver's kind and backend).
+  auto serves = [&](const RegionImpl* x) {
+    return resolver == nullptr ? (x->access() & access) == access : x->serves(access, *resolver);
+  };
   auto* r = static_cast<RegionImpl*>(slot->parked.load(std::memory_order_relaxed));
-  if (r != nullptr && slot->parked_start <= start && end <= slot->parked_end &&
-      (resolver == nullptr ? (r->access() & access) == access : r->serves(access, *resolver))) {
+  if (r != nullptr && slot->parked_start <= start && end <= slot->parked_end && serves(r)) {
     // One CAS on our own slot's line takes the hold back (unless a writer took it out: then the
     // index, below). Held, r cannot be freed; invalidated since it was parked, its hold goes back
     // where it was, for the next writer pass to release (and deregister: the hit path never
@@ -241,10 +244,7 @@ __attribute__((always_inline)) inline RegionImpl* CacheImpl::fastHit(std::uintpt
     if (r != nullptr) ++tls_slot.park_misses;
     // The index; a new hold with one CAS on the region's state word, which fails if it is invalid.
     r = floorRegion(slot, start, end);
-    hit = r != nullptr &&
-          (resolver == nullptr ? (r->access() & access) == access
-                               : r->serves(access, *resolver)) &&
-          r->tryAcquire(&prev);
+    hit = r != nullptr && serves(r) && r->tryAcquire(&prev);
   }
   slot->epoch.store(0, std::memory_order_release);
   if (!hit) return nullptr;
@@ -306,22 +306,19 @@ void CacheImpl::put(Region* region) noexcept {
     const std::uint32_t s = r->state_.load(std::memory_order_relaxed);
     // No hold at all (a caller's mistake): the path below says so. A legitimate put() always
     // sees at least its own hold.
-    if (parked == nullptr && (s & kInvalid) == 0 && (s & kHolderMask) != 0) {
-      // Park the hold: no read-modify-write (see "Parked holds" below).
-      park(slot, r);
-      if (attention_.load(std::memory_order_acquire) != 0) finishWork();
-      return;
-    }
-    // A parked hold on another region that the thread's hits keep missing: released (taken out
-    // first, as a writer may be taking it too), and this hold parked in its place.
-    if (parked != nullptr && parked != r && (s & kInvalid) == 0 && (s & kHolderMask) != 0 &&
-        tls_slot.park_misses >= kStaleParkMisses) {
+    // Park the hold: no read-modify-write (see "Parked holds" below). The slot must be empty, or
+    // hold another region that the thread's hits keep missing: that hold is taken out first (a
+    // writer may be taking it too) and released.
+    if ((s & kInvalid) == 0 && (s & kHolderMask) != 0 &&
+        (parked == nullptr ||
+         (parked != r && tls_slot.park_misses >= kStaleParkMisses))) {
       auto* old = static_cast<RegionImpl*>(parked);
-      if (slot->parked.compare_exchange_strong(parked, nullptr, std::memory_order_acquire,
-                                               std::memory_order_relaxed)) {
+      if (old != nullptr && slot->parked.compare_exchange_strong(parked, nullptr,
+                                                                 std::memory_order_acquire,
+                                                                 std::memory_order_relaxed)) {
         releaseHold(slot, old);
       }
-      park(slot, r);  // the slot is empty now: taken out by us or by a writer
+      park(slot, r);  // the slot is empty now: it was, or we or a writer took its hold out
       if (attention_.load(std::memory_order_acquire) != 0) finishWork();
       return;
     }
