@@ -405,7 +405,8 @@ Stats CacheImpl::stats() const noexcept {
     self->unparkAll_locked();
   }
   Stats s;
-  s.hits = slow_hits_.load(std::memory_order_relaxed);
+  s.locked_hits = slow_hits_.load(std::memory_order_relaxed);
+  s.hits = s.locked_hits;
   reclaim_.slots.forEach(
       [&](const ReaderSlot& rs) { s.hits += rs.hits.load(std::memory_order_relaxed); });
   s.misses = misses_.load(std::memory_order_relaxed);

@@ -153,6 +153,8 @@ struct Config {
 // Counters, read with Cache::stats(); monotonic except regions / pinned / unused.
 struct Stats {
   std::uint64_t hits = 0;
+  std::uint64_t locked_hits = 0;             // of the hits, those found under the writer lock
+                                             // (queued work first, a busy leaf, no reader slot)
   std::uint64_t misses = 0;
   std::uint64_t merges = 0;                  // misses that absorbed overlapping regions
   std::uint64_t evictions = 0;               // unused regions dropped for a limit or on ENOMEM

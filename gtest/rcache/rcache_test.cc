@@ -16,6 +16,7 @@
 
 #include "gtest/common/fake_backend.h"
 #include "gtest/rcache/stress.h"
+#include "rcache/cache_impl.h"
 
 namespace gmd::rcache::test {
 
@@ -158,6 +159,31 @@ TEST_F(RcacheTest, Rule2TheRegionReleasedLastServesOnlyWhatItCovers) {
   EXPECT_EQ(s.misses, 3u);
   EXPECT_EQ(s.hits, 2u);
   EXPECT_EQ(be_.regCalls(), 3);
+}
+
+// Stats::locked_hits tells the hits the writer lock answered from the lock-free ones: a get() with
+// an invalidation queued (here: queued while a writer held the lock) applies it under the lock and
+// finds its region there; the next get() is lock-free again.
+TEST_F(RcacheTest, HitsFoundUnderTheLockAreCountedApart) {
+  Region* a = get(0, 2);
+  put(a);
+  EXPECT_EQ(a, get(0, 2));  // lock-free
+  put(a);
+  detail::WriterLock& lock = static_cast<detail::CacheImpl*>(cache_.get())->writerLockForTests();
+  lock.lock();
+  invalidate(10, 1);  // another range: can only be queued
+  lock.unlock();
+  EXPECT_EQ(a, get(0, 2));  // the queue first, under the lock: a hit there
+  put(a);
+  Stats s = cache_->stats();
+  EXPECT_EQ(s.hits, 2u);
+  EXPECT_EQ(s.locked_hits, 1u);
+  EXPECT_EQ(a, get(0, 2));  // nothing queued now: lock-free
+  put(a);
+  s = cache_->stats();
+  EXPECT_EQ(s.hits, 3u);
+  EXPECT_EQ(s.locked_hits, 1u);
+  EXPECT_EQ(s.misses, 1u);
 }
 
 TEST_F(RcacheTest, Rule2HitNeedsRequestedAccess) {
