@@ -7,7 +7,8 @@ Reads Google Benchmark's JSON (--benchmark_out=FILE --benchmark_out_format=json,
   rcache_hit_threads.png hit cost per operation against the number of threads
 With --table it prints instead a Markdown table of every case: gmd's and ucs_rcache's medians, the
 ratio, the goal docs/rcache.md sets for it and whether this run meets it, and the repetitions'
-coefficient of variation (bench/rcache_compare.sh runs both).
+coefficient of variation (bench/rcache_compare.sh runs both); below it, the interface's part of a
+gmd hit (RcacheCallFloor) and any gmd hit row some of whose hits took the writer lock.
 
 usage: bench/plot_rcache.py RESULTS.json OUTDIR [LABEL]   (Debian python3 with python3-matplotlib;
        LABEL, e.g. the UCX release and the processor, goes into the plots' titles)
@@ -96,6 +97,20 @@ def table(path):
         verdict = "met" if mine <= 96 else "**not met**"
         print(f"| memory per cached region (100k) | {mine:.1f} B | "
               f"{'-' if theirs is None else f'{theirs:.1f} B'} | | <= 96 B: {verdict} | |")
+    # Below the table: how much of gmd's hit is the interface (the same calls into a do-nothing
+    # cache), and whether any of its hits went under the writer lock.
+    hit = agg.get("RcacheHit_gmd", {})
+    hit = hit.get("median", hit.get("single"))
+    floor = agg.get("RcacheCallFloor", {})
+    floor = floor.get("median", floor.get("single"))
+    if hit and floor:
+        print(f"\nthe interface's part of a gmd hit (RcacheCallFloor): {fmt(ns(floor))} of "
+              f"{fmt(ns(hit))}")
+    for name in ("RcacheHit_gmd", "RcacheHitTwo_gmd", "RcacheHitLargeN_gmd/100000"):
+        a = agg.get(name, {})
+        a = a.get("median", a.get("single"))
+        if a and a.get("locked/hit", 0) > 0:
+            print(f"{name}: {100 * a['locked/hit']:.2f}% of its hits under the writer lock")
 
 
 def series(m, pattern):

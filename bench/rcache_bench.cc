@@ -2,6 +2,8 @@
 // same no-op registration backend, so the ratios measure the caches alone.
 //
 //   RcacheHit_*            get + release of a cached 64 KiB range, one thread
+//   RcacheCallFloor        RcacheHit_gmd's calls into a cache that does nothing: the interface's
+//                          share of a hit
 //   RcacheHitThreads_*     the same with 1, 2 and 4 threads, each thread on its own 64 KiB buffer
 //   RcacheHitTwo_*         get + release of two cached 64 KiB ranges in turn, one thread: gmd's
 //                          thread keeps its parked hold (docs/rcache.md) on one of them, so every
@@ -41,6 +43,10 @@
 #include "bench/ucs_compat.h"
 #include "gtest/common/fake_backend.h"
 #include "rcache/rcache.h"
+
+namespace gmd::bench {
+std::unique_ptr<rcache::Cache> makeStubCache(rcache::Region* region);  // bench/rcache_stub.cc
+}  // namespace gmd::bench
 
 namespace {
 
@@ -221,6 +227,19 @@ void RcacheHit_ucs(benchmark::State& state) {
   ucs_rcache_destroy(c);
 }
 BENCHMARK(RcacheHit_ucs);
+
+// RcacheHit_gmd's calls into a cache that does nothing (bench/rcache_stub.cc): the part of a hit
+// that is the interface (two virtual calls, the resolver, the result) and the loop, whatever the
+// cache behind it does.
+void RcacheCallFloor(benchmark::State& state) {
+  auto c = gmd::bench::makeStubCache(reinterpret_cast<rc::Region*>(hitBuffer(0)));
+  for (auto _ : state) {
+    rc::Region* r = gmdGet(c.get(), hitBuffer(0), kHitLength);
+    benchmark::DoNotOptimize(r);
+    c->put(r);
+  }
+}
+BENCHMARK(RcacheCallFloor);
 
 // Two buffers in turn; each iteration is one get + release (the counter and times are per hit).
 void RcacheHitTwo_gmd(benchmark::State& state) {
