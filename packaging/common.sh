@@ -84,7 +84,11 @@ gmd_slowest_tests() {
       name = ""
       for (i = 1; i <= length(w); i++) if (w[i] ~ /^#[0-9]+:$/) { name = w[i + 1]; break }
       secs = w[length(w) - 1]
-      rel = FILENAME; sub(/.*\//, "", rel); sub(/\.log$/, "", rel); sub(/\./, "/", rel)
+      # RELEASE.NAME.log -> RELEASE/NAME (a release may hold dots: pip-1.17; a name holds none)
+      rel = FILENAME; sub(/.*\//, "", rel); sub(/\.log$/, "", rel)
+      # (host-lane.log repeats the logs of its stages and is skipped)
+      if (!match(rel, /\.[^.]*$/)) next
+      rel = substr(rel, 1, RSTART - 1) "/" substr(rel, RSTART + 1)
       printf "%9.2f s  %-18s %s\n", secs, rel, name
     }' "$@" | sort -rn | head -n "$n"
 }

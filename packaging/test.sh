@@ -12,8 +12,9 @@
 # out with one warning.
 #
 # Ends with one line per stage (result and seconds), the number of VM boots, the ten slowest tests and
-# the UCX release of each; exits non-zero when any stage fails. Each stage's output is also kept in
-# build-logs/RELEASE.STAGE.log.
+# the UCX release of each, then, last (where the end of the output shows it), each failed stage: the
+# end of its log and a line naming its failed tests; exits non-zero when any stage fails. Each
+# stage's output is also kept in build-logs/RELEASE.STAGE.log.
 #
 #   GMD_TEST_SUITES   the other releases (default "trixie sid"); empty: Debian 12 only
 #   GMD_TEST_PIP      NVIDIA's pip builds of UCX to test against (default: packaging/pip-ucx.sh list,
@@ -61,12 +62,6 @@ host_ucx=${host_ucx%%-*}
 
 summary() {
   grep -q ': FAIL' "$GMD_STAGE_LOG" && rc=1
-  # What failed, from its stage log (the host lane's output is not on the screen).
-  local f
-  for f in $(sed -n 's/^stage \([^/]*\)\/\([^:]*\): FAIL.*/\1.\2/p' "$GMD_STAGE_LOG"); do
-    gmd_log "FAILED: ${f/./\/} (build-logs/$f.log), its last lines:"
-    tail -n 40 "$GMD_TEST_LOGS/$f.log" 2>/dev/null
-  done
   gmd_log "summary"
   echo "UCX: bookworm $host_ucx$(awk '{printf ", %s %s", $2, $3}' "$GMD_STAGE_LOG.ucx" 2>/dev/null)"
   cat "$GMD_STAGE_LOG"
@@ -74,6 +69,23 @@ summary() {
   echo "slowest tests:"
   gmd_slowest_tests 10 "$GMD_TEST_LOGS"/*.log
   echo "total: $((SECONDS - start)) s"
+  # What failed, last, where a reader of only the output's end sees it: each failed stage's name,
+  # its test cases that failed, and the last lines of its log (the host lane's output is not on
+  # the screen).
+  local stage
+  local -a failed
+  mapfile -t failed < <(sed -n 's/^stage \([^:]*\): FAIL.*/\1/p' "$GMD_STAGE_LOG")
+  # RELEASE/NAME -> its log's file name, as gmd_stage (packaging/common.sh) makes it.
+  stage_log() { local n=${1#*/}; echo "${1%%/*}.${n//\//-}.log"; }
+  for stage in "${failed[@]}"; do
+    gmd_log "FAILED: $stage (build-logs/$(stage_log "$stage")), its last lines:"
+    tail -n 25 "$GMD_TEST_LOGS/$(stage_log "$stage")" 2>/dev/null
+  done
+  for stage in "${failed[@]}"; do
+    echo "failed stage $stage:" \
+      "$(grep -hoE '(Test +#[0-9]+: [^ ]+ [.]+[^0-9]*(Failed|Timeout|Exception)|^([0-9]+: )?FAIL[^ ]*: .{0,100}|\[  FAILED  \] [A-Za-z][^ ,]*)' \
+           "$GMD_TEST_LOGS/$(stage_log "$stage")" 2>/dev/null | sed 's/ \.\.*[*]*/ /' | sort -u | head -n 5 | paste -sd ';' -)"
+  done
   rm -f "$GMD_STAGE_LOG.ucx"
   if [ $rc -eq 0 ]; then gmd_log "all test stages passed"; else gmd_log "some test stage FAILED"; fi
   exit $rc
