@@ -164,8 +164,35 @@ std::int64_t CacheImpl::unusedExact() const noexcept {
 // ---------------------------------------------------------------------------------------------------
 // Hit path
 
+// get() is the hit on the thread's parked hold (parkedHit(), inline), which makes no call, so
+// that get() saves no register and needs no frame; everything else (a bad request, no slot known
+// yet, the index's hit, a miss) is getIndexed(), a tail call with get()'s own arguments.
 Result CacheImpl::get(const void* address, std::size_t length, unsigned access,
                       const Resolver& resolver, Region** region) noexcept {
+  Range rq;
+  if (__builtin_expect(
+          length - 1 < kMaxRequestLength && (access & ~static_cast<unsigned>(kAccessAll)) == 0 &&
+              region != nullptr && !(resolver.isFixed() && resolver.fixedBackend() == nullptr) &&
+              alignOutwards(address, length, config_.alignment, &rq) &&
+              rq.length() <= config_.max_pinned_bytes,
+          1)) {
+    if (ReaderSlot* slot = knownSlot()) {
+      if (RegionImpl* r = parkedHit(slot, rq.start, rq.end, access, &resolver)) {
+        *region = r;
+        return Status::kOk;
+      }
+      return getIndexed<false>(address, length, access, resolver, region);
+    }
+  }
+  return getIndexed<true>(address, length, access, resolver, region);
+}
+
+// get() past the parked hold: the request's check, the lock-free hit (the parked hold unless get()
+// tried it already, then the index), the slow path.
+template <bool kTryParked>
+__attribute__((noinline)) Result CacheImpl::getIndexed(const void* address, std::size_t length,
+                                                       unsigned access, const Resolver& resolver,
+                                                       Region** region) noexcept {
   Range rq;
   // One test for the common case; checkRequest() tells what is wrong otherwise.
   if (__builtin_expect(
@@ -177,7 +204,7 @@ Result CacheImpl::get(const void* address, std::size_t length, unsigned access,
     const Result st = checkRequest(address, length, access, resolver, region, &rq);
     if (!st.ok()) return st;
   }
-  if (RegionImpl* r = fastHit(rq.start, rq.end, access, &resolver)) {
+  if (RegionImpl* r = fastHit<kTryParked>(rq.start, rq.end, access, &resolver)) {
     *region = r;
     return Status::kOk;
   }
@@ -200,10 +227,42 @@ __attribute__((noinline)) RegionImpl* CacheImpl::floorRegion(ReaderSlot* slot,
   return found && e.word != 0 && e.reaches(end) ? e.region() : nullptr;
 }
 
+// The hit on the thread's parked hold: when it covers [start, end) (by the bounds the slot
+// keeps), serves the request and is valid, taken back with one CAS on the slot; else null, and
+// nothing changed. No call (get() stays frameless). The epoch is entered before the parked
+// pointer is read: a writer may take the hold out and the region may be retired meanwhile.
+__attribute__((always_inline)) inline RegionImpl* CacheImpl::parkedHit(ReaderSlot* slot,
+                                                                       std::uintptr_t start,
+                                                                       std::uintptr_t end,
+                                                                       unsigned access,
+                                                                       const Resolver* resolver) noexcept {
+  if (__builtin_expect(attention_.load(std::memory_order_acquire) != 0, 0)) return nullptr;
+  readerEnter(slot->epoch, reclaim_.slots.epoch());
+  auto* r = static_cast<RegionImpl*>(slot->parked.load(std::memory_order_relaxed));
+  bool hit = false;
+  if (r != nullptr && slot->parked_start <= start && end <= slot->parked_end &&
+      (resolver == nullptr ? (r->access() & access) == access : r->serves(access, *resolver))) {
+    void* mine = r;
+    if (slot->parked.compare_exchange_strong(mine, nullptr, std::memory_order_acquire,
+                                             std::memory_order_relaxed)) {
+      if (__builtin_expect((r->state_.load(std::memory_order_acquire) & kInvalid) == 0, 1)) {
+        hit = true;
+      } else {
+        slot->parked.store(r, std::memory_order_release);
+      }
+    }
+  }
+  slot->epoch.store(0, std::memory_order_release);
+  if (!hit) return nullptr;
+  bump(slot->hits, std::uint64_t{1});
+  return r;
+}
+
 // The lock-free hit: a valid region covering [start, end) with `access` that serves `resolver`
 // (any region when null), acquired; null when there is none or pending work must run first.
 // Inline in get() and find(): the common hit (the region this thread parked) takes no call; the
 // index's search is out of line (floorRegion()).
+template <bool kTryParked>
 __attribute__((always_inline)) inline RegionImpl* CacheImpl::fastHit(std::uintptr_t start,
                                                                      std::uintptr_t end,
                                                                      unsigned access,
@@ -225,7 +284,8 @@ __attribute__((always_inline)) inline RegionImpl* CacheImpl::fastHit(std::uintpt
     return resolver == nullptr ? (x->access() & access) == access : x->serves(access, *resolver);
   };
   auto* r = static_cast<RegionImpl*>(slot->parked.load(std::memory_order_relaxed));
-  if (r != nullptr && slot->parked_start <= start && end <= slot->parked_end && serves(r)) {
+  if (kTryParked && r != nullptr && slot->parked_start <= start && end <= slot->parked_end &&
+      serves(r)) {
     // One CAS on our own slot's line takes the hold back (unless a writer took it out: then the
     // index, below). Held, r cannot be freed; invalidated since it was parked, its hold goes back
     // where it was, for the next writer pass to release (and deregister: the hit path never
@@ -260,7 +320,7 @@ bool CacheImpl::find(const void* address, std::size_t length, unsigned access,
       region == nullptr || !alignOutwards(address, length, config_.alignment, &rq)) {
     return false;
   }
-  RegionImpl* r = fastHit(rq.start, rq.end, access, nullptr);
+  RegionImpl* r = fastHit<true>(rq.start, rq.end, access, nullptr);
   if (r == nullptr) return false;
   *region = r;
   return true;
@@ -286,7 +346,26 @@ __attribute__((noinline)) void CacheImpl::releaseHold(ReaderSlot* slot, RegionIm
   }
 }
 
+// put() parks the hold in the thread's empty slot (stores only, no call: put() stays frameless);
+// everything else is putSlow(), a tail call.
 void CacheImpl::put(Region* region) noexcept {
+  auto* r = static_cast<RegionImpl*>(region);
+  ReaderSlot* slot = knownSlot();
+  if (__builtin_expect(r != nullptr && slot != nullptr, 1)) {
+    const std::uint32_t s = r->state_.load(std::memory_order_relaxed);
+    const std::uint32_t gen = fork_gen_.load(std::memory_order_relaxed);
+    if (slot->parked.load(std::memory_order_relaxed) == nullptr && (s & kInvalid) == 0 &&
+        (s & kHolderMask) != 0 && (gen == 0 || r->ofForkGen(gen))) {
+      r->last_used_.store(releaseTick(slot), std::memory_order_relaxed);
+      park(slot, r);
+      if (attention_.load(std::memory_order_acquire) != 0) finishWork();
+      return;
+    }
+  }
+  putSlow(region);
+}
+
+__attribute__((noinline)) void CacheImpl::putSlow(Region* region) noexcept {
   if (region == nullptr) {
     log(LogLevel::kWarn, kModule, "put(nullptr)");
     return;

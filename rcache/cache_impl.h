@@ -193,8 +193,15 @@ class CacheImpl final : public Cache {
 
   Result checkRequest(const void* address, std::size_t length, unsigned access,
                       const Resolver& resolver, Region* const* region, Range* rq) const noexcept;
+  RegionImpl* parkedHit(ReaderSlot* slot, std::uintptr_t start, std::uintptr_t end,
+                        unsigned access, const Resolver* resolver) noexcept;
+  template <bool kTryParked>
   RegionImpl* fastHit(std::uintptr_t start, std::uintptr_t end, unsigned access,
                       const Resolver* resolver) noexcept;
+  template <bool kTryParked>
+  Result getIndexed(const void* address, std::size_t length, unsigned access,
+                    const Resolver& resolver, Region** region) noexcept;
+  void putSlow(Region* region) noexcept;
   RegionImpl* floorRegion(ReaderSlot* slot, std::uintptr_t start, std::uintptr_t end) noexcept;
   void park(ReaderSlot* slot, RegionImpl* r) noexcept;
   void releaseHold(ReaderSlot* slot, RegionImpl* r) noexcept;
@@ -207,6 +214,10 @@ class CacheImpl final : public Cache {
     return mySlotSlow();
   }
   ReaderSlot* mySlotSlow() noexcept;
+  // mySlot() when this thread's slot in this cache is known already, else null (no call).
+  __attribute__((always_inline)) ReaderSlot* knownSlot() const noexcept {
+    return __builtin_expect(tls_slot.cache_id == id_, 1) ? tls_slot.slot : nullptr;
+  }
   // Adds `delta` to the unused bytes in `slot`'s share when it stays within its bound; false when
   // it would not (nothing changed then: the caller flushes).
   bool addUnusedInSlot(ReaderSlot* slot, std::int64_t delta) noexcept {
