@@ -164,18 +164,38 @@ std::int64_t CacheImpl::unusedExact() const noexcept {
 // ---------------------------------------------------------------------------------------------------
 // Hit path
 
+// Whether a region answers a request's access (and, for a fixed resolver, its kind and backend;
+// any region's when `resolver` is null).
+namespace {
+__attribute__((always_inline)) inline bool servesRequest(const RegionImpl* r, unsigned access,
+                                                        const Resolver* resolver) noexcept {
+  return resolver == nullptr ? (r->access() & access) == access : r->serves(access, *resolver);
+}
+}  // namespace
+
+// The common request, in one test: a length and access get() takes, somewhere to put the region,
+// a fixed resolver with its backend, and within the limits once aligned (into *rq).
+// checkRequest() tells what is wrong otherwise.
+__attribute__((always_inline)) inline bool CacheImpl::plainRequest(const void* address,
+                                                                  std::size_t length,
+                                                                  unsigned access,
+                                                                  const Resolver& resolver,
+                                                                  Region* const* region,
+                                                                  Range* rq) const noexcept {
+  return length - 1 < kMaxRequestLength && (access & ~static_cast<unsigned>(kAccessAll)) == 0 &&
+         region != nullptr && !(resolver.isFixed() && resolver.fixedBackend() == nullptr) &&
+         alignOutwards(address, length, config_.alignment, rq) &&
+         rq->length() <= config_.max_pinned_bytes;
+}
+
 // get() is the hit on the thread's parked hold (parkedHit(), inline), which makes no call, so
-// that get() saves no register and needs no frame; everything else (a bad request, no slot known
-// yet, the index's hit, a miss) is getIndexed(), a tail call with get()'s own arguments.
+// that get() saves no register and needs no frame of its own (with a frame, a hit took a fifth
+// longer); everything else (a bad request, no slot known yet, the index's hit, a miss) is
+// getIndexed(), a tail call with get()'s own arguments.
 Result CacheImpl::get(const void* address, std::size_t length, unsigned access,
                       const Resolver& resolver, Region** region) noexcept {
   Range rq;
-  if (__builtin_expect(
-          length - 1 < kMaxRequestLength && (access & ~static_cast<unsigned>(kAccessAll)) == 0 &&
-              region != nullptr && !(resolver.isFixed() && resolver.fixedBackend() == nullptr) &&
-              alignOutwards(address, length, config_.alignment, &rq) &&
-              rq.length() <= config_.max_pinned_bytes,
-          1)) {
+  if (__builtin_expect(plainRequest(address, length, access, resolver, region, &rq), 1)) {
     if (ReaderSlot* slot = knownSlot()) {
       if (RegionImpl* r = parkedHit(slot, rq.start, rq.end, access, &resolver)) {
         *region = r;
@@ -194,13 +214,7 @@ __attribute__((noinline)) Result CacheImpl::getIndexed(const void* address, std:
                                                        unsigned access, const Resolver& resolver,
                                                        Region** region) noexcept {
   Range rq;
-  // One test for the common case; checkRequest() tells what is wrong otherwise.
-  if (__builtin_expect(
-          length - 1 >= kMaxRequestLength || (access & ~static_cast<unsigned>(kAccessAll)) != 0 ||
-              region == nullptr || (resolver.isFixed() && resolver.fixedBackend() == nullptr) ||
-              !alignOutwards(address, length, config_.alignment, &rq) ||
-              rq.length() > config_.max_pinned_bytes,
-          0)) {
+  if (__builtin_expect(!plainRequest(address, length, access, resolver, region, &rq), 0)) {
     const Result st = checkRequest(address, length, access, resolver, region, &rq);
     if (!st.ok()) return st;
   }
@@ -227,10 +241,17 @@ __attribute__((noinline)) RegionImpl* CacheImpl::floorRegion(ReaderSlot* slot,
   return found && e.word != 0 && e.reaches(end) ? e.region() : nullptr;
 }
 
-// The hit on the thread's parked hold: when it covers [start, end) (by the bounds the slot
-// keeps), serves the request and is valid, taken back with one CAS on the slot; else null, and
-// nothing changed. No call (get() stays frameless). The epoch is entered before the parked
-// pointer is read: a writer may take the hold out and the region may be retired meanwhile.
+// The hit on the region this thread parked a hold on, when it covers [start, end) (told from the
+// bounds the slot keeps, without reading the region's line), serves the request and is valid:
+// taken back with one CAS on our own slot's line; else null, and nothing changed. A valid region
+// is indexed (a miss marks one it cannot index invalid), and its entry is the only one its range
+// meets (invariant 1): it is the region the index would name. Makes no call (get() stays without
+// a frame).
+//
+// The epoch is entered before the parked pointer is read: a writer may take the hold out (then
+// the CAS fails) and the region be retired meanwhile. Invalidated since it was parked, the hold
+// goes back where it was, for the next writer pass to release (and deregister: the hit path
+// never takes the lock nor deregisters), and the index may name a newer region.
 __attribute__((always_inline)) inline RegionImpl* CacheImpl::parkedHit(ReaderSlot* slot,
                                                                        std::uintptr_t start,
                                                                        std::uintptr_t end,
@@ -241,7 +262,7 @@ __attribute__((always_inline)) inline RegionImpl* CacheImpl::parkedHit(ReaderSlo
   auto* r = static_cast<RegionImpl*>(slot->parked.load(std::memory_order_relaxed));
   bool hit = false;
   if (r != nullptr && slot->parked_start <= start && end <= slot->parked_end &&
-      (resolver == nullptr ? (r->access() & access) == access : r->serves(access, *resolver))) {
+      servesRequest(r, access, resolver)) {
     void* mine = r;
     if (slot->parked.compare_exchange_strong(mine, nullptr, std::memory_order_acquire,
                                              std::memory_order_relaxed)) {
@@ -260,55 +281,29 @@ __attribute__((always_inline)) inline RegionImpl* CacheImpl::parkedHit(ReaderSlo
 
 // The lock-free hit: a valid region covering [start, end) with `access` that serves `resolver`
 // (any region when null), acquired; null when there is none or pending work must run first.
-// Inline in get() and find(): the common hit (the region this thread parked) takes no call; the
-// index's search is out of line (floorRegion()).
+// First the parked hold (unless the caller tried it), then the index, whose search is out of
+// line (floorRegion()): a new hold with one CAS on the region's state word, which fails if it is
+// invalid. Each hit past a parked hold counts as a miss of it (put() then makes a stale one give
+// way).
 template <bool kTryParked>
 __attribute__((always_inline)) inline RegionImpl* CacheImpl::fastHit(std::uintptr_t start,
                                                                      std::uintptr_t end,
                                                                      unsigned access,
                                                                      const Resolver* resolver) noexcept {
   ReaderSlot* slot = mySlot();
-  if (__builtin_expect(slot == nullptr || attention_.load(std::memory_order_acquire) != 0, 0)) {
-    return nullptr;
+  if (__builtin_expect(slot == nullptr, 0)) return nullptr;
+  if (kTryParked) {
+    if (RegionImpl* r = parkedHit(slot, start, end, access, resolver)) return r;
   }
+  if (__builtin_expect(attention_.load(std::memory_order_acquire) != 0, 0)) return nullptr;
   readerEnter(slot->epoch, reclaim_.slots.epoch());
-  bool hit = false;
-  bool taken = false;
+  if (slot->parked.load(std::memory_order_relaxed) != nullptr) ++tls_slot.park_misses;
   std::uint64_t prev = 0;
-  // First the region this thread parked a hold on, when it covers the request (told from the
-  // bounds the slot keeps, without reading the region's line): the region the index would name,
-  // if it is valid. A valid region is indexed (a miss marks one it cannot index invalid), and its
-  // entry is the only one its range meets (invariant 1), so it is the floor entry.
-  // Whether a region answers the request's access (and a fixed resolver's kind and backend).
-  auto serves = [&](const RegionImpl* x) {
-    return resolver == nullptr ? (x->access() & access) == access : x->serves(access, *resolver);
-  };
-  auto* r = static_cast<RegionImpl*>(slot->parked.load(std::memory_order_relaxed));
-  if (kTryParked && r != nullptr && slot->parked_start <= start && end <= slot->parked_end &&
-      serves(r)) {
-    // One CAS on our own slot's line takes the hold back (unless a writer took it out: then the
-    // index, below). Held, r cannot be freed; invalidated since it was parked, its hold goes back
-    // where it was, for the next writer pass to release (and deregister: the hit path never
-    // takes the lock nor deregisters), and the index may name a newer region.
-    void* mine = r;
-    if (slot->parked.compare_exchange_strong(mine, nullptr, std::memory_order_acquire,
-                                             std::memory_order_relaxed)) {
-      if (__builtin_expect((r->state_.load(std::memory_order_acquire) & kInvalid) == 0, 1)) {
-        hit = taken = true;
-      } else {
-        slot->parked.store(r, std::memory_order_release);
-      }
-    }
-  }
-  if (__builtin_expect(!hit, 0)) {
-    if (r != nullptr) ++tls_slot.park_misses;
-    // The index; a new hold with one CAS on the region's state word, which fails if it is invalid.
-    r = floorRegion(slot, start, end);
-    hit = r != nullptr && serves(r) && r->tryAcquire(&prev);
-  }
+  RegionImpl* r = floorRegion(slot, start, end);
+  const bool hit = r != nullptr && servesRequest(r, access, resolver) && r->tryAcquire(&prev);
   slot->epoch.store(0, std::memory_order_release);
   if (!hit) return nullptr;
-  if (!taken && prev == 0) addUnused(slot, -static_cast<std::int64_t>(r->length()));
+  if (prev == 0) addUnused(slot, -static_cast<std::int64_t>(r->length()));
   bump(slot->hits, std::uint64_t{1});
   return r;
 }

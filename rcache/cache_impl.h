@@ -193,6 +193,8 @@ class CacheImpl final : public Cache {
 
   Result checkRequest(const void* address, std::size_t length, unsigned access,
                       const Resolver& resolver, Region* const* region, Range* rq) const noexcept;
+  bool plainRequest(const void* address, std::size_t length, unsigned access,
+                    const Resolver& resolver, Region* const* region, Range* rq) const noexcept;
   RegionImpl* parkedHit(ReaderSlot* slot, std::uintptr_t start, std::uintptr_t end,
                         unsigned access, const Resolver* resolver) noexcept;
   template <bool kTryParked>
