@@ -168,7 +168,7 @@ std::int64_t CacheImpl::unusedExact() const noexcept {
 // any region's when `resolver` is null).
 namespace {
 __attribute__((always_inline)) inline bool servesRequest(const RegionImpl* r, unsigned access,
-                                                        const Resolver* resolver) noexcept {
+                                                         const Resolver* resolver) noexcept {
   return resolver == nullptr ? (r->access() & access) == access : r->serves(access, *resolver);
 }
 }  // namespace
@@ -176,12 +176,9 @@ __attribute__((always_inline)) inline bool servesRequest(const RegionImpl* r, un
 // The common request, in one test: a length and access get() takes, somewhere to put the region,
 // a fixed resolver with its backend, and within the limits once aligned (into *rq).
 // checkRequest() tells what is wrong otherwise.
-__attribute__((always_inline)) inline bool CacheImpl::plainRequest(const void* address,
-                                                                  std::size_t length,
-                                                                  unsigned access,
-                                                                  const Resolver& resolver,
-                                                                  Region* const* region,
-                                                                  Range* rq) const noexcept {
+__attribute__((always_inline)) inline bool CacheImpl::plainRequest(
+    const void* address, std::size_t length, unsigned access, const Resolver& resolver,
+    Region* const* region, Range* rq) const noexcept {
   return length - 1 < kMaxRequestLength && (access & ~static_cast<unsigned>(kAccessAll)) == 0 &&
          region != nullptr && !(resolver.isFixed() && resolver.fixedBackend() == nullptr) &&
          alignOutwards(address, length, config_.alignment, rq) &&
@@ -229,8 +226,7 @@ __attribute__((noinline)) Result CacheImpl::getIndexed(const void* address, std:
 // a writer kept editing its leaf: the slow path then looks under the lock). Out of line, with its
 // arguments by value: inlined, the search ran out of registers and spilled the reader slot around
 // the leaf search (about 1 ns more per hit among 100,000 regions).
-__attribute__((noinline)) RegionImpl* CacheImpl::floorRegion(ReaderSlot* slot,
-                                                             std::uintptr_t start,
+__attribute__((noinline)) RegionImpl* CacheImpl::floorRegion(ReaderSlot* slot, std::uintptr_t start,
                                                              std::uintptr_t end) noexcept {
   // A copy of the floor entry, from a consistent read of its leaf. The region it names is live
   // for our epoch.
@@ -252,11 +248,9 @@ __attribute__((noinline)) RegionImpl* CacheImpl::floorRegion(ReaderSlot* slot,
 // the CAS fails) and the region be retired meanwhile. Invalidated since it was parked, the hold
 // goes back where it was, for the next writer pass to release (and deregister: the hit path
 // never takes the lock nor deregisters), and the index may name a newer region.
-__attribute__((always_inline)) inline RegionImpl* CacheImpl::parkedHit(ReaderSlot* slot,
-                                                                       std::uintptr_t start,
-                                                                       std::uintptr_t end,
-                                                                       unsigned access,
-                                                                       const Resolver* resolver) noexcept {
+__attribute__((always_inline)) inline RegionImpl* CacheImpl::parkedHit(
+    ReaderSlot* slot, std::uintptr_t start, std::uintptr_t end, unsigned access,
+    const Resolver* resolver) noexcept {
   if (__builtin_expect(attention_.load(std::memory_order_acquire) != 0, 0)) return nullptr;
   readerEnter(slot->epoch, reclaim_.slots.epoch());
   auto* r = static_cast<RegionImpl*>(slot->parked.load(std::memory_order_relaxed));
@@ -286,10 +280,8 @@ __attribute__((always_inline)) inline RegionImpl* CacheImpl::parkedHit(ReaderSlo
 // invalid. Each hit past a parked hold counts as a miss of it (put() then makes a stale one give
 // way).
 template <bool kTryParked>
-__attribute__((always_inline)) inline RegionImpl* CacheImpl::fastHit(std::uintptr_t start,
-                                                                     std::uintptr_t end,
-                                                                     unsigned access,
-                                                                     const Resolver* resolver) noexcept {
+__attribute__((always_inline)) inline RegionImpl* CacheImpl::fastHit(
+    std::uintptr_t start, std::uintptr_t end, unsigned access, const Resolver* resolver) noexcept {
   ReaderSlot* slot = mySlot();
   if (__builtin_expect(slot == nullptr, 0)) return nullptr;
   if (kTryParked) {
@@ -322,7 +314,8 @@ bool CacheImpl::find(const void* address, std::size_t length, unsigned access,
 }
 
 // The owner parks its hold on r in its empty slot: the bounds first, for its hits to read.
-__attribute__((always_inline)) inline void CacheImpl::park(ReaderSlot* slot, RegionImpl* r) noexcept {
+__attribute__((always_inline)) inline void CacheImpl::park(ReaderSlot* slot,
+                                                           RegionImpl* r) noexcept {
   slot->parked_start = r->start();
   slot->parked_end = r->end();
   slot->parked.store(r, std::memory_order_release);
@@ -384,12 +377,11 @@ __attribute__((noinline)) void CacheImpl::putSlow(Region* region) noexcept {
     // hold another region that the thread's hits keep missing: that hold is taken out first (a
     // writer may be taking it too) and released.
     if ((s & kInvalid) == 0 && (s & kHolderMask) != 0 &&
-        (parked == nullptr ||
-         (parked != r && tls_slot.park_misses >= kStaleParkMisses))) {
+        (parked == nullptr || (parked != r && tls_slot.park_misses >= kStaleParkMisses))) {
       auto* old = static_cast<RegionImpl*>(parked);
-      if (old != nullptr && slot->parked.compare_exchange_strong(parked, nullptr,
-                                                                 std::memory_order_acquire,
-                                                                 std::memory_order_relaxed)) {
+      if (old != nullptr &&
+          slot->parked.compare_exchange_strong(parked, nullptr, std::memory_order_acquire,
+                                               std::memory_order_relaxed)) {
         releaseHold(slot, old);
       }
       park(slot, r);  // the slot is empty now: it was, or we or a writer took its hold out
@@ -398,9 +390,8 @@ __attribute__((noinline)) void CacheImpl::putSlow(Region* region) noexcept {
     }
     // r's hold is parked here already: this thread held r twice, or releases it twice. Take the
     // parked one out (a writer may be taking it out too) and count what is left.
-    if (parked == r && slot->parked.compare_exchange_strong(parked, nullptr,
-                                                            std::memory_order_acquire,
-                                                            std::memory_order_relaxed)) {
+    if (parked == r && slot->parked.compare_exchange_strong(
+                           parked, nullptr, std::memory_order_acquire, std::memory_order_relaxed)) {
       if ((r->state_.load(std::memory_order_acquire) & kHolderMask) == 1) {
         // The parked hold is its only one: this put() releases a hold nobody has.
         slot->parked.store(r, std::memory_order_release);
@@ -469,7 +460,6 @@ void CacheImpl::unparkAll_locked() noexcept {
     pushDead_locked(r);
   });
 }
-
 
 Stats CacheImpl::stats() const noexcept {
   {

@@ -1,8 +1,8 @@
 // The registration cache (internal to rcache/): CacheImpl ties the index, reclamation, the
 // invalidation queue and the eviction order together. Defined in cache.cc (lookups, parked holds,
-// counters), miss.cc (misses), invalidation.cc (invalidation), deferred.cc (dead regions, deferred deregistration and
-// reclamation), eviction.cc (limits and LRU eviction) and fork.cc (fork()).
-// See rcache/README.md for the invariants and docs/rcache.md for the design.
+// counters), miss.cc (misses), invalidation.cc (invalidation), deferred.cc (dead regions, deferred
+// deregistration and reclamation), eviction.cc (limits and LRU eviction) and fork.cc (fork()). See
+// rcache/README.md for the invariants and docs/rcache.md for the design.
 //
 // Thread safety: every public member from any thread (the Cache contract). Writers (misses,
 // invalidations, evictions, deferred work) hold lock_; the hit path and put() take no lock.
@@ -195,8 +195,8 @@ class CacheImpl final : public Cache {
                       const Resolver& resolver, Region* const* region, Range* rq) const noexcept;
   bool plainRequest(const void* address, std::size_t length, unsigned access,
                     const Resolver& resolver, Region* const* region, Range* rq) const noexcept;
-  RegionImpl* parkedHit(ReaderSlot* slot, std::uintptr_t start, std::uintptr_t end,
-                        unsigned access, const Resolver* resolver) noexcept;
+  RegionImpl* parkedHit(ReaderSlot* slot, std::uintptr_t start, std::uintptr_t end, unsigned access,
+                        const Resolver* resolver) noexcept;
   template <bool kTryParked>
   RegionImpl* fastHit(std::uintptr_t start, std::uintptr_t end, unsigned access,
                       const Resolver* resolver) noexcept;

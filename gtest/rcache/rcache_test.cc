@@ -186,6 +186,56 @@ TEST_F(RcacheTest, HitsFoundUnderTheLockAreCountedApart) {
   EXPECT_EQ(s.misses, 1u);
 }
 
+// A thread that takes regions from two caches in turn (one memory domain per device) finds its
+// slot of neither cache in its thread-local shortcut at each get() and put() (it holds one cache's
+// at a time), so each call goes the way of a first use. Every hit is still lock-free and the
+// right region, and an invalidation in one cache leaves the other's region alone.
+TEST_F(RcacheTest, TwoCachesInTurnHitLockFreeAndAnInvalidationStaysInItsCache) {
+  // The same backend for both: only the cache tells their regions apart.
+  std::unique_ptr<Cache> other;
+  ASSERT_EQ(Status::kOk, Cache::create(Config{}, &other));
+  auto otherGet = [&](std::uintptr_t page) {
+    Region* r = nullptr;
+    EXPECT_EQ(Status::kOk, other->get(at(page), kPage, kAccessLocalRead, MemType::kHost, &be_, &r));
+    return r;
+  };
+  Region* a = get(0, 1);
+  FakeBackend::Record* const ra = FakeBackend::record(a);
+  put(a);
+  Region* b = otherGet(0);  // the same address, in the other cache
+  FakeBackend::Record* const rb = FakeBackend::record(b);
+  other->put(b);
+  for (int k = 0; k < 100; ++k) {
+    ASSERT_EQ(a, get(0, 1)) << "round " << k;
+    put(a);
+    ASSERT_EQ(b, otherGet(0)) << "round " << k;
+    other->put(b);
+  }
+  Stats s = cache_->stats();
+  EXPECT_EQ(s.hits, 100u);
+  EXPECT_EQ(s.locked_hits, 0u);
+  EXPECT_EQ(other->stats().hits, 100u);
+  EXPECT_EQ(other->stats().locked_hits, 0u);
+  // Both holds parked again, then the range freed as this cache sees it.
+  EXPECT_EQ(a, get(0, 1));
+  put(a);
+  other->put(otherGet(0));
+  invalidate(0, 1);
+  Region* a2 = get(0, 1);
+  EXPECT_NE(a, a2) << "the invalidated region was handed out";
+  EXPECT_EQ(1, ra->deregs.load());
+  put(a2);
+  EXPECT_EQ(b, otherGet(0)) << "the other cache lost its region";
+  other->put(b);
+  EXPECT_EQ(0, rb->deregs.load());
+  s = cache_->stats();
+  EXPECT_EQ(s.misses, 2u);
+  EXPECT_EQ(s.hits, 101u);
+  EXPECT_EQ(other->stats().hits, 102u);
+  other.reset();
+  EXPECT_EQ(1, rb->deregs.load());
+}
+
 TEST_F(RcacheTest, Rule2HitNeedsRequestedAccess) {
   Region* a = get(0, 2, kAccessLocalRead);
   put(a);
