@@ -244,31 +244,30 @@ __attribute__((noinline)) RegionImpl* CacheImpl::floorRegion(ReaderSlot* slot, s
 // meets (invariant 1): it is the region the index would name. Makes no call (get() stays without
 // a frame).
 //
-// The epoch is entered before the parked pointer is read: a writer may take the hold out (then
-// the CAS fails) and the region be retired meanwhile. Invalidated since it was parked, the hold
-// goes back where it was, for the next writer pass to release (and deregister: the hit path
-// never takes the lock nor deregisters), and the index may name a newer region.
+// No epoch: the region's line is read only once the CAS has taken its hold back, and a held
+// region is not freed. The CAS compares with what we loaded from our own slot, which only we
+// ever store a region into: if a writer took the hold out meanwhile (then the region may be gone),
+// the slot holds null or a hold we parked since, and the CAS fails. A region that turns out not
+// to serve the request, or to have been invalidated since it was parked, goes back where it was
+// (the slot is still empty: only we fill it), the latter for the next writer pass to release (and
+// deregister: the hit path never takes the lock nor deregisters); the index may name a newer one.
 __attribute__((always_inline)) inline RegionImpl* CacheImpl::parkedHit(
     ReaderSlot* slot, std::uintptr_t start, std::uintptr_t end, unsigned access,
     const Resolver* resolver) noexcept {
   if (__builtin_expect(attention_.load(std::memory_order_acquire) != 0, 0)) return nullptr;
-  readerEnter(slot->epoch, reclaim_.slots.epoch());
-  auto* r = static_cast<RegionImpl*>(slot->parked.load(std::memory_order_relaxed));
-  bool hit = false;
-  if (r != nullptr && slot->parked_start <= start && end <= slot->parked_end &&
-      servesRequest(r, access, resolver)) {
-    void* mine = r;
-    if (slot->parked.compare_exchange_strong(mine, nullptr, std::memory_order_acquire,
-                                             std::memory_order_relaxed)) {
-      if (__builtin_expect((r->state_.load(std::memory_order_acquire) & kInvalid) == 0, 1)) {
-        hit = true;
-      } else {
-        slot->parked.store(r, std::memory_order_release);
-      }
-    }
+  void* mine = slot->parked.load(std::memory_order_relaxed);
+  if (mine == nullptr || slot->parked_start > start || end > slot->parked_end) return nullptr;
+  auto* r = static_cast<RegionImpl*>(mine);
+  if (!slot->parked.compare_exchange_strong(mine, nullptr, std::memory_order_acquire,
+                                            std::memory_order_relaxed)) {
+    return nullptr;
   }
-  slot->epoch.store(0, std::memory_order_release);
-  if (!hit) return nullptr;
+  if (__builtin_expect((r->state_.load(std::memory_order_acquire) & kInvalid) != 0 ||
+                           !servesRequest(r, access, resolver),
+                       0)) {
+    slot->parked.store(r, std::memory_order_release);
+    return nullptr;
+  }
   bump(slot->hits, std::uint64_t{1});
   return r;
 }
