@@ -204,14 +204,17 @@ Result CacheImpl::get(const void* address, std::size_t length, unsigned access,
   return getIndexed<true>(address, length, access, resolver, region);
 }
 
-// get() past the parked hold: the request's check, the lock-free hit (the parked hold unless get()
-// tried it already, then the index), the slow path.
+// get() past the parked hold: the request's check (unless get() made it: kTryParked false means
+// get() checked the request and tried the parked hold), the lock-free hit (the parked hold unless
+// get() tried it, then the index), the slow path.
 template <bool kTryParked>
 __attribute__((noinline)) Result CacheImpl::getIndexed(const void* address, std::size_t length,
                                                        unsigned access, const Resolver& resolver,
                                                        Region** region) noexcept {
   Range rq;
-  if (__builtin_expect(!plainRequest(address, length, access, resolver, region, &rq), 0)) {
+  if (!kTryParked) {
+    alignOutwards(address, length, config_.alignment, &rq);  // succeeded in get()
+  } else if (__builtin_expect(!plainRequest(address, length, access, resolver, region, &rq), 0)) {
     const Result st = checkRequest(address, length, access, resolver, region, &rq);
     if (!st.ok()) return st;
   }
