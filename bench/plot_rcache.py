@@ -36,9 +36,14 @@ def ns(b):
     return b["cpu_time"] * scale[b.get("time_unit", "ns")]
 
 
+def central(a):
+    """A benchmark's median record (its single run's without repetitions); None when it has none."""
+    return a.get("median", a.get("single")) if a else None
+
+
 def medians(path):
     """{run_name: median CPU time in ns} for the median aggregates (or single runs)."""
-    return {name: ns(a.get("median", a.get("single"))) for name, a in aggregates(path).items()
+    return {name: ns(central(a)) for name, a in aggregates(path).items()
             if "median" in a or "single" in a}
 
 
@@ -82,15 +87,13 @@ def table(path):
             print(f"| {case} | not run | | | <= {goal} | |")
             continue
         a, b = agg[mine], agg[ref]
-        t, u = ns(a.get("median", a.get("single"))), ns(b.get("median", b.get("single")))
+        t, u = ns(central(a)), ns(central(b))
         ratio = t / u
         verdict = "met" if ratio <= goal else "**not met**"
         print(f"| {case} | {fmt(t)} | {fmt(u)} | {ratio:.2f}x | <= {goal}: {verdict} | "
               f"{spread(a)} / {spread(b)} |")
-    rec = agg.get("RcacheHitLargeN_gmd/100000", {})
-    rec = rec.get("median", rec.get("single"))
-    ucs = agg.get("RcacheHitLargeN_ucs/100000", {})
-    ucs = ucs.get("median", ucs.get("single"))
+    rec = central(agg.get("RcacheHitLargeN_gmd/100000"))
+    ucs = central(agg.get("RcacheHitLargeN_ucs/100000"))
     if rec and "bytes/region" in rec:
         mine = rec["bytes/region"]
         theirs = ucs.get("bytes/region") if ucs else None
@@ -99,16 +102,12 @@ def table(path):
               f"{'-' if theirs is None else f'{theirs:.1f} B'} | | <= 96 B: {verdict} | |")
     # Below the table: how much of gmd's hit is the interface (the same calls into a do-nothing
     # cache), and whether any of its hits went under the writer lock.
-    hit = agg.get("RcacheHit_gmd", {})
-    hit = hit.get("median", hit.get("single"))
-    floor = agg.get("RcacheCallFloor", {})
-    floor = floor.get("median", floor.get("single"))
+    hit, floor = central(agg.get("RcacheHit_gmd")), central(agg.get("RcacheCallFloor"))
     if hit and floor:
         print(f"\nthe interface's part of a gmd hit (RcacheCallFloor): {fmt(ns(floor))} of "
               f"{fmt(ns(hit))}")
     for name in ("RcacheHit_gmd", "RcacheHitTwo_gmd", "RcacheHitLargeN_gmd/100000"):
-        a = agg.get(name, {})
-        a = a.get("median", a.get("single"))
+        a = central(agg.get(name))
         if a and a.get("locked/hit", 0) > 0:
             print(f"{name}: {100 * a['locked/hit']:.2f}% of its hits under the writer lock")
 
