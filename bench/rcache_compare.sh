@@ -48,8 +48,9 @@ in_place "$configure" >&2
 in_place "$run >/dev/null" >&2
 mkdir -p "$out"
 cp "$here/$build/rcache.json" "$out/results.json"
-cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
-ucx=$(in_place "ucx_info -v" | sed -n 's/^# \(Library version:\|Version\) //p' | head -n 1)
+cpu=$(sed -n 's/^model name[[:space:]]*: //p;T;q' /proc/cpuinfo)
+ucx=$(in_place "ucx_info -v" | sed -n 's/^# \(Library version:\|Version\) //p')
+ucx=${ucx%%$'\n'*}  # the first (sed reads to the end: ucx_info sees no closed pipe under pipefail)
 {
   echo "UCX $ucx, $(nproc) CPUs ($cpu), load average $(cut -d' ' -f1-3 /proc/loadavg) after the run," \
     "medians of $reps repetitions"

@@ -58,7 +58,7 @@ chmod +x "$out/guest.sh"
 GMD_VM_TIMEOUT=${GMD_VM_TIMEOUT:-5400} GMD_VM_RESULTS_DIR=$out "$here/gtest/rxe/run-in-vm" "${root_args[@]}" -- \
   bash -c "'$out/guest.sh' '$bench' '$reps' '$filter' \"\$GMD_VM_RESULTS\" '$env_file'" >&2 || exit 1
 
-cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+cpu=$(sed -n 's/^model name[[:space:]]*: //p;T;q' /proc/cpuinfo)
 echo "# UcpReg, $reps runs each, host CPU: $cpu (the VM emulates it: compare rows of one run only)"
 printf '%-34s %12s %22s %9s %9s %14s  %s\n' benchmark "us/iter" "(min - max)" hits/it \
   misses/it pinned_bytes label

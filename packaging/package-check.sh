@@ -42,7 +42,7 @@ next=$((minor + 1))
   { echo "FAIL: the package does not pin UCX 1.$minor: Depends: $depends"; fail=1; }
 lib=$(in_mnt dpkg -L ucx-gmd | grep '/ucx/libuct_gmd.so$')
 [[ -n $lib ]] || { echo "FAIL: the package has no <libdir>/ucx/libuct_gmd.so"; exit 1; }
-in_mnt dpkg -L ucx-gmd | grep -q '^/usr/share/doc/ucx-gmd/README.md$' ||
+gmd_has '^/usr/share/doc/ucx-gmd/README.md$' "$(in_mnt dpkg -L ucx-gmd)" ||
   { echo "FAIL: no README.md in /usr/share/doc/ucx-gmd"; fail=1; }
 if ((minor >= 22)); then load=""; how="nothing set"; else load="LD_PRELOAD=$lib"; how="LD_PRELOAD=$lib"; fi
 cd "$GMD_SRC" || exit 1
@@ -51,10 +51,10 @@ rc=$?
 ((rc == 0)) || { echo "FAIL: ucx_info -d in the VM exited $rc"; echo "$out" | tail -n 5; fail=1; }
 gmd=$(echo "$out" | awk '/Component: gmd/{g=1} /Component:/&&!/gmd/{g=0} g' )
 for d in rxe0 rxe1; do
-  echo "$out" | grep -B1 'Component: gmd' | grep -q "Memory domain: $d\$" ||
+  gmd_has "Memory domain: $d\$" "$(grep -B1 'Component: gmd' <<<"$out")" ||
     { echo "FAIL: ucx_info -d lists no gmd memory domain $d"; fail=1; }
 done
-echo "$gmd" | grep -q 'Transport: gmd_rc' || { echo "FAIL: ucx_info -d lists no gmd_rc"; fail=1; }
+gmd_has 'Transport: gmd_rc' "$gmd" || { echo "FAIL: ucx_info -d lists no gmd_rc"; fail=1; }
 ((fail == 0)) && echo "PASS: ${deb##*/} installed into a clean UCX $ucx root ($depends);" \
   "ucx_info -d with $how lists gmd on rxe0, rxe1 with gmd_rc"
 exit $fail

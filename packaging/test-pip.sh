@@ -47,11 +47,11 @@ install_check() (
     out=$(LD_PRELOAD=$plugin ucx_info -c -f 2>&1)
     how="LD_PRELOAD"
   fi
-  if echo "$out" | grep -q "^UCX_GMD_RC_" && ! echo "$out" | grep -q "gmd: built for"; then
+  if gmd_has "^UCX_GMD_RC_" "$out" && ! gmd_has "gmd: built for" "$out"; then
     echo "PASS: gmd registered ($how)"
   else
     echo "FAIL: gmd not registered ($how)"
-    echo "$out" | grep -i gmd | head -n 5
+    grep -i -m 5 gmd <<<"$out"
     exit 1
   fi
 )
