@@ -51,13 +51,13 @@ gmd_build() {
   cmake --build "$dir" -j "$GMD_JOBS" "${bopts[@]}"
 }
 
-# True when this machine has an RDMA device of its own (no VM needed).
 # gmd_has PATTERN TEXT: whether a line of TEXT matches grep's PATTERN. TEXT goes in as a here-string:
 # under pipefail, `echo "$text" | grep -q` fails when grep has its match and quits before echo has
 # written the whole text (echo dies of SIGPIPE, status 141), which a long ucx_info -c -f output does
 # now and then.
 gmd_has() { grep -q -- "$1" <<<"$2"; }
 
+# True when this machine has an RDMA device of its own (no VM needed).
 gmd_have_rdma() {
   [ -d /sys/class/infiniband ] && [ -n "$(ls -A /sys/class/infiniband 2>/dev/null)" ]
 }
