@@ -119,6 +119,29 @@ class IndexTest : public ::testing::Test {
   std::map<std::uintptr_t, Node*> model_;
 };
 
+// The Top's search without jumps (eight ways a step) against a plain count, for every size up to
+// a few steps' worth and every address next to a key; keys with gaps of 1 and equal neighbours.
+TEST(IndexSearchTest, BranchFreeCountIsTheNumberOfKeysAtOrBelowForEverySize) {
+  std::mt19937_64 rng(7);
+  for (std::size_t n = 0; n <= 600; ++n) {
+    std::vector<std::uintptr_t> keys(n);
+    std::uintptr_t k = 1 + rng() % 3;
+    for (auto& key : keys) {
+      key = k;
+      k += rng() % 4;  // 0: a key equal to the one before
+    }
+    std::vector<std::uintptr_t> addrs{0, UINTPTR_MAX};
+    for (const std::uintptr_t key : keys) addrs.insert(addrs.end(), {key - 1, key, key + 1});
+    for (const std::uintptr_t a : addrs) {
+      const auto want =
+          static_cast<std::size_t>(std::upper_bound(keys.begin(), keys.end(), a) - keys.begin());
+      const std::size_t got =
+          countAtOrBelowNoBranch(n, a, [&](std::size_t i) { return &keys.at(i); });
+      ASSERT_EQ(got, want) << n << " keys, address " << a;
+    }
+  }
+}
+
 TEST_F(IndexTest, EmptyIndexFindsNothing) {
   EXPECT_EQ(floor(0), nullptr);
   EXPECT_EQ(floor(UINTPTR_MAX), nullptr);
