@@ -22,11 +22,14 @@
 // Under AddressSanitizer every block is its own heap allocation (a LinePool block with its number
 // right after it, and a span number of its own), so a use after free is still reported.
 //
-// Thread safety: allocate() and release() from any thread (a spin lock held for a few
-// instructions, under which nothing else is locked but SpanTable's lock when a LinePool grows;
-// never taken by invalidate(), which neither allocates nor frees); LinePool::idOf() and at() from
-// any thread for a block the caller may use (an id it learnt after the block was allocated). The
-// fork members as their comments say.
+// Thread safety: BlockPool::allocate() and release() from any thread (a spin lock held for a few
+// instructions, under which nothing else is locked; never taken by invalidate(), which neither
+// allocates nor frees). LinePool::allocate() and release() by one thread at a time: its owner's
+// lock guards it (a cache's region pool: the cache's writer lock, under which the miss that
+// allocates a region and the pass that frees regions run anyway; a lock of its own was two more
+// atomic read-modify-writes a miss), and a LinePool growing takes SpanTable's lock under it.
+// LinePool::idOf() and at() from any thread for a block the caller may use (an id it learnt after
+// the block was allocated). The fork members as their comments say.
 #pragma once
 
 #include <immintrin.h>
@@ -54,38 +57,55 @@ struct SpinGuard {
   std::atomic_flag& f_;
 };
 
-// The free blocks of a pool and the spin lock that guards them (both pools below).
-class LockedFreeList {
+// The free blocks of a pool, linked through their first word. Not locked: its owner guards it
+// (LinePool's owner: the cache's writer lock; LockedFreeList: its spin lock).
+class FreeList {
  public:
   struct Link {
     Link* next;
   };
-  // A block; when there is none, grow() (called under the lock; it adds blocks with add()) first.
-  // Null when that fails.
+  // A block; when there is none, grow() (it adds blocks with add()) first. Null when that fails.
   template <typename Grow>
   void* pop(Grow grow) noexcept {
-    SpinGuard g(lock_);
     if (head_ == nullptr && !grow()) return nullptr;
     Link* b = head_;
     head_ = b->next;
     return b;
   }
-  void push(void* p) noexcept {
-    SpinGuard g(lock_);
-    add(p);
-  }
-  // Blocks first..last, linked through their first word (last's link is overwritten).
-  void pushChain(Link* first, Link* last) noexcept {
-    SpinGuard g(lock_);
-    last->next = head_;
-    head_ = first;
-  }
-  // Under the lock (grow()).
   void add(void* p) noexcept {
     auto* b = static_cast<Link*>(p);
     b->next = head_;
     head_ = b;
   }
+  // Blocks first..last, linked through their first word (last's link is overwritten).
+  void addChain(Link* first, Link* last) noexcept {
+    last->next = head_;
+    head_ = first;
+  }
+  // Fork child: forget every block.
+  void abandon() noexcept { head_ = nullptr; }
+
+ private:
+  Link* head_ = nullptr;
+};
+
+// A FreeList and the spin lock that guards it (the process-wide leaf pools, BlockPool).
+class LockedFreeList {
+ public:
+  using Link = FreeList::Link;
+  // A block; when there is none, grow() (called under the lock; it adds blocks with add()) first.
+  // Null when that fails.
+  template <typename Grow>
+  void* pop(Grow grow) noexcept {
+    SpinGuard g(lock_);
+    return list_.pop(grow);
+  }
+  void push(void* p) noexcept {
+    SpinGuard g(lock_);
+    list_.add(p);
+  }
+  // Under the lock (grow()).
+  void add(void* p) noexcept { list_.add(p); }
 
   // fork(): the parent's prepare handler takes the lock (after the caches' writer locks; nothing
   // takes them in the other order) so that no block list is mid-update in the child; parent and
@@ -96,13 +116,13 @@ class LockedFreeList {
   void unlockAfterFork() noexcept { lock_.clear(std::memory_order_release); }
   // Fork child: forget every block; the lock may have been held by a thread that is gone.
   void abandon() noexcept {
-    head_ = nullptr;
+    list_.abandon();
     lock_.clear(std::memory_order_relaxed);
   }
 
  private:
   std::atomic_flag lock_ = ATOMIC_FLAG_INIT;
-  Link* head_ = nullptr;
+  FreeList list_;
 };
 
 template <std::size_t kBlock, std::size_t kAlign>
@@ -179,8 +199,9 @@ class BlockPool {
 // reader that loaded it may go on reading it (only entries that name its own live spans).
 // Static storage, never destroyed (pools may be destroyed after main()).
 //
-// Thread safety: add() and remove() from any thread (its spin lock, taken under a pool's lock and
-// last by the fork handlers); at() from any thread for a number it learnt after add() returned it.
+// Thread safety: add() and remove() from any thread (its spin lock, taken under a cache's writer
+// lock and last by the fork handlers); at() from any thread for a number it learnt after add()
+// returned it.
 class SpanTable {
  public:
   static constexpr std::uint32_t kMaxNumbers = std::uint32_t{1} << 26;  // ids: number * 64 + index
@@ -234,7 +255,7 @@ class SpanTable {
 
 template <std::size_t kBlock>
 class LinePool {
-  using Link = LockedFreeList::Link;
+  using Link = FreeList::Link;
 
  public:
   static constexpr std::size_t kSpanBytes = 4096;
@@ -281,10 +302,10 @@ class LinePool {
     SpanTable::remove(idOf(p) >> kIndexBits);
     ::operator delete (p, std::align_val_t{kBlock});
 #else
-    free_.push(p);
+    free_.add(p);
 #endif
   }
-  // Blocks gathered to be released under one lock acquisition.
+  // Blocks gathered to be released together.
   class Chain {
    public:
     void add(void* p) noexcept {
@@ -306,7 +327,7 @@ class LinePool {
   };
   void release(Chain& c) noexcept {
     if (c.head_ == nullptr) return;
-    free_.pushChain(c.head_, c.tail_);
+    free_.addChain(c.head_, c.tail_);
     c.head_ = c.tail_ = nullptr;
   }
 
@@ -328,10 +349,6 @@ class LinePool {
                                    (id & ((1u << kIndexBits) - 1)) * kBlock);
   }
 
-  // fork(): see LockedFreeList (the parent's forkPrepare() takes the lock after the cache's
-  // writer lock).
-  void lockForFork() noexcept { free_.lockForFork(); }
-  void unlockAfterFork() noexcept { free_.unlockAfterFork(); }
   // Fork child: forget every slab (they hold the parent's regions, which the child never frees)
   // without reading or freeing them (their span numbers stay taken).
   void abandon() noexcept {
@@ -396,7 +413,7 @@ class LinePool {
     return true;
   }
 
-  LockedFreeList free_;
+  FreeList free_;
   Head* slabs_ = nullptr;
   std::size_t slab_spans_ = kMinSlabSpans;
 };

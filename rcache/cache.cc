@@ -55,7 +55,8 @@ void CacheImpl::operator delete(void* p, std::size_t size) noexcept { ::munmap(p
 CacheImpl::~CacheImpl() {
   unregisterCache(this);
   finishWork();
-  // The contract says nothing is held and nobody calls in any more. Deregister what is left.
+  // The contract says nothing is held and nobody calls in any more. Deregister what is left (alone
+  // here: region_pool_ needs no lock).
   IndexT::TopT* top;
   {
     WriterGuard g(lock_);
@@ -71,13 +72,13 @@ CacheImpl::~CacheImpl() {
       if ((s & kInvalid) != 0) continue;  // owned by a holder (a contract breach) or a zombie
       if ((s & kHolderMask) != 0) ++held;
       deregister(r);
-      freeRegion(r);
+      freeRegion_locked(r);
     }
     IndexT::releaseLeaf(leaf);
   }
   for (RegionImpl* z = zombies_; z != nullptr;) {
     RegionImpl* next = z->nextDead();
-    freeRegion(z);
+    freeRegion_locked(z);
     z = next;
   }
   if (held != 0) log(LogLevel::kWarn, kModule, "cache destroyed with %zu regions still held", held);

@@ -170,15 +170,10 @@ class CacheImpl final : public Cache {
   // before any lock is taken: it deregisters every unused region, so that only memory the
   // application still holds registered is do-not-fork in the child.
   void dropUnusedBeforeFork() noexcept;
-  void forkPrepare() noexcept {
-    lock_.lock();
-    region_pool_.lockForFork();
-  }
+  // lock_ guards region_pool_ too.
+  void forkPrepare() noexcept { lock_.lock(); }
   // The leaf pools are the process's (index.h); fork.cc locks them after every cache.
-  void forkParent() noexcept {
-    region_pool_.unlockAfterFork();
-    lock_.unlock();
-  }
+  void forkParent() noexcept { lock_.unlock(); }
   void forkChild() noexcept;
 
   // Tests only: the writer lock, to stand for a writer pre-empted while holding it.
@@ -276,15 +271,26 @@ class CacheImpl final : public Cache {
   void finishWork(bool force_collect = false) noexcept;
   void releaseInvalid(RegionImpl* r) noexcept;
   void deregister(RegionImpl* r) noexcept;
-  void freeList(Reclaimed list) noexcept;
-  RegionImpl* newRegion(Range range, unsigned access, MemType type, Backend* backend,
-                        const Registration& reg) noexcept {
+  // region_pool_ is lock_'s (or the destructor's, alone): a region is allocated and freed under
+  // the lock that the miss and the collection take anyway.
+  // What readers no longer see (reclaim_.collect()): its regions go back to region_pool_ here; its
+  // leaves and tops are left for freeList(), outside lock_ (the process's leaf pools).
+  Reclaimed collect_locked(bool force) noexcept {
+    Reclaimed r = reclaim_.collect(force);
+    freeRegions_locked(r.records);
+    r.records = nullptr;
+    return r;
+  }
+  void freeRegions_locked(RetiredRecord* records) noexcept;
+  void freeList(Reclaimed list) noexcept;  // the destructor's: its records too
+  RegionImpl* newRegion_locked(Range range, unsigned access, MemType type, Backend* backend,
+                               const Registration& reg) noexcept {
     void* p = region_pool_.allocate();
     return p != nullptr ? new (p) RegionImpl(range, access, type, backend, reg,
                                              fork_gen_.load(std::memory_order_relaxed))
                         : nullptr;
   }
-  void freeRegion(RegionImpl* r) noexcept {
+  void freeRegion_locked(RegionImpl* r) noexcept {
     r->~RegionImpl();
     region_pool_.release(r);
   }
@@ -304,7 +310,7 @@ class CacheImpl final : public Cache {
   alignas(kCacheLine) WriterLock lock_;
   InvalidationQueue queue_;
 
-  RegionPool region_pool_;  // every RegionImpl
+  RegionPool region_pool_;  // every RegionImpl; guarded by lock_
 
   // Guarded by lock_.
   RegionImpl* dead_ = nullptr;     // unused invalid regions waiting for deregistration

@@ -54,8 +54,12 @@ void CacheImpl::freeList(Reclaimed list) noexcept {
     (void)IndexT::freeRetired(x);  // only leaves and tops retire as objects
     x = next;
   }
-  RegionPool::Chain regions;  // one pool lock for all
-  for (RetiredRecord* rec = list.records; rec != nullptr;) {
+  freeRegions_locked(list.records);
+}
+
+void CacheImpl::freeRegions_locked(RetiredRecord* records) noexcept {
+  RegionPool::Chain regions;
+  for (RetiredRecord* rec = records; rec != nullptr;) {
     RetiredRecord* next = rec->next;
     RegionImpl* r = RegionImpl::ofRecord(rec);
     r->~RegionImpl();
@@ -89,7 +93,7 @@ __attribute__((noinline)) void CacheImpl::finishWork(bool force_collect) noexcep
         retireRegions_locked(z);
       }
       if (dead == nullptr && index_.dirty()) index_.purge();
-      freeable = reclaim_.collect(force_collect && dead == nullptr);
+      freeable = collect_locked(force_collect && dead == nullptr);
     }
     freeList(freeable);
     if (dead == nullptr) return;
@@ -98,7 +102,7 @@ __attribute__((noinline)) void CacheImpl::finishWork(bool force_collect) noexcep
       WriterGuard g(lock_);
       applyQueued_locked();
       retireRegions_locked(dead);
-      freeable = reclaim_.collect(force_collect);
+      freeable = collect_locked(force_collect);
     }
     freeList(freeable);
     // Nothing queued or dead since (the usual case): no need for another pass under the lock.
@@ -115,7 +119,7 @@ __attribute__((noinline)) void CacheImpl::releaseInvalid(RegionImpl* r) noexcept
     bump(pinned_, -static_cast<std::int64_t>(r->length()));
     r->setNextDead(nullptr);
     retireRegions_locked(r);
-    freeable = reclaim_.collect(false);
+    freeable = collect_locked(false);
   }
   freeList(freeable);
 }

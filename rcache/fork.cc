@@ -111,7 +111,6 @@ void CacheImpl::dropUnusedBeforeFork() noexcept {
 // (their own pages too) are written. No allocation here.
 void CacheImpl::forkChild() noexcept {
   if (!config_.purge_on_fork) {
-    region_pool_.unlockAfterFork();
     lock_.unlock();
     return;
   }
@@ -121,7 +120,7 @@ void CacheImpl::forkChild() noexcept {
   queue_.discard();
   (void)index_.detach();
   lru_.abandon();
-  region_pool_.abandon();  // the parent's regions live there; unlocks it
+  region_pool_.abandon();  // the parent's regions live there
   (void)reclaim_.retired.takeAll();
   dead_ = nullptr;
   zombies_ = nullptr;

@@ -1,5 +1,5 @@
-// The registration cache's miss path: getSlow() (a miss registers under the rules of rcache/README.md),
-// the bare miss and the insertion. See the notes at the top of cache.cc.
+// The registration cache's miss path: getSlow() (a miss registers under the rules of
+// rcache/README.md), the bare miss and the insertion. See the notes at the top of cache.cc.
 #include "common/log.h"
 #include "rcache/cache_impl.h"
 
@@ -107,9 +107,8 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
   }
 
   std::size_t len = want.length();
-  auto unreserve = [&] {
+  auto unreserve_locked = [&] {
     if (bare) return;  // nothing reserved, nothing evicted
-    WriterGuard g(lock_);
     bump(regions_, std::int64_t{-1});
     bump(pinned_, -static_cast<std::int64_t>(len));
     if (evicted != nullptr) retireRegions_locked(evicted);
@@ -148,62 +147,70 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
     res = backend->reg(want.start, len, want_access, what.memory, &reg);
   }
   if (!res.ok()) {
-    unreserve();
+    if (!bare) {
+      WriterGuard g(lock_);
+      unreserve_locked();
+    }
     // The caller reports the failure (md/ at the level its caller asked for).
     log(LogLevel::kDebug, kModule, "%s: registering [0x%zx, 0x%zx) failed: %s", backend->name(),
         static_cast<std::size_t>(want.start), static_cast<std::size_t>(want.end),
         statusString(res.status));
     return res;
   }
-  auto* nr = newRegion(want, want_access, type, backend, reg);
-  if (nr == nullptr) {
-    backend->dereg(reg);
-    unreserve();
-    log(LogLevel::kDebug, kModule, "no memory for a region");
-    return Status::kNoMemory;
-  }
+  RegionImpl* nr;
   Reclaimed freeable;
   {
     WriterGuard g(lock_);
-    if (bare) {  // what the first pass does for every miss
-      advanceLruClock_locked();
-      bump(regions_, std::int64_t{1});
-      bump(pinned_, static_cast<std::int64_t>(len));
-      if (ReaderSlot* slot = mySlot()) index_.suggest(slot->read_pos.load(std::memory_order_relaxed));
-    }
-    bump(misses_, std::uint64_t{1});
-    applyQueued_locked();
-    if (queue_.invalidatedSince(seq0, want)) {
-      // The memory changed while we registered it. The caller asked before the invalidation
-      // completed, so it may use this registration, but nobody else will: it never enters the
-      // index.
-      nr->state_.store(1 | kInvalid, std::memory_order_relaxed);
-      bump(inval_in_use_, std::uint64_t{1});
-      bump(deferred_, std::uint64_t{1});
+    nr = newRegion_locked(want, want_access, type, backend, reg);
+    if (nr == nullptr) {
+      unreserve_locked();
     } else {
-      bool merged = false;
-      // Entries only enter the index by insertion: when the first walk met none in what is now
-      // `want` (then want == rq) and nothing was inserted since, nothing overlaps it.
-      if (overlaps != 0 || index_.insertions() != insertions0) {
-        index_.forEachOverlap(want.start, want.end, [&](const Entry& o) {
-          RegionImpl* r = o.region();
-          const bool same = r->memType() == type && r->backend() == backend;
-          if (markInvalid_locked(r, same ? DoomReason::kMerged : DoomReason::kStale)) {
-            merged = merged || same;
-          }
-        });
+      if (bare) {  // what the first pass does for every miss
+        advanceLruClock_locked();
+        bump(regions_, std::int64_t{1});
+        bump(pinned_, static_cast<std::int64_t>(len));
+        if (ReaderSlot* slot = mySlot())
+          index_.suggest(slot->read_pos.load(std::memory_order_relaxed));
       }
-      if (merged) bump(merges_, std::uint64_t{1});
-      if (!insert_locked(nr)) {
-        nr->state_.store(1 | kInvalid, std::memory_order_relaxed);  // usable, never indexed
+      bump(misses_, std::uint64_t{1});
+      applyQueued_locked();
+      if (queue_.invalidatedSince(seq0, want)) {
+        // The memory changed while we registered it. The caller asked before the invalidation
+        // completed, so it may use this registration, but nobody else will: it never enters the
+        // index.
+        nr->state_.store(1 | kInvalid, std::memory_order_relaxed);
+        bump(inval_in_use_, std::uint64_t{1});
         bump(deferred_, std::uint64_t{1});
+      } else {
+        bool merged = false;
+        // Entries only enter the index by insertion: when the first walk met none in what is now
+        // `want` (then want == rq) and nothing was inserted since, nothing overlaps it.
+        if (overlaps != 0 || index_.insertions() != insertions0) {
+          index_.forEachOverlap(want.start, want.end, [&](const Entry& o) {
+            RegionImpl* r = o.region();
+            const bool same = r->memType() == type && r->backend() == backend;
+            if (markInvalid_locked(r, same ? DoomReason::kMerged : DoomReason::kStale)) {
+              merged = merged || same;
+            }
+          });
+        }
+        if (merged) bump(merges_, std::uint64_t{1});
+        if (!insert_locked(nr)) {
+          nr->state_.store(1 | kInvalid, std::memory_order_relaxed);  // usable, never indexed
+          bump(deferred_, std::uint64_t{1});
+        }
+        enforceUnused_locked();
       }
-      enforceUnused_locked();
+      if (evicted != nullptr) retireRegions_locked(evicted);
     }
-    if (evicted != nullptr) retireRegions_locked(evicted);
-    freeable = reclaim_.collect(false);
+    freeable = collect_locked(false);
   }
   freeList(freeable);
+  if (nr == nullptr) {
+    backend->dereg(reg);
+    log(LogLevel::kDebug, kModule, "no memory for a region");
+    return Status::kNoMemory;
+  }
   if (attention_.load(std::memory_order_acquire) != 0) finishWork();
   *out = nr;
   return Status::kOk;
