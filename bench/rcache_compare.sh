@@ -14,7 +14,10 @@
 # table.md (each case, gmd against ucs_rcache, the ratio and its goal from docs/rcache.md,
 # the repetitions' spread) and, where python3-matplotlib is installed, the two plots of
 # bench/plot_rcache.py. The table goes to stdout too. Run it on a quiet machine: the tables compare
-# times of one run, and anything else running moves them.
+# times of one run, and anything else running moves them. The repetitions of all benchmarks run in
+# a random order (Google Benchmark's random interleaving): on a virtual machine whose speed moves
+# with its neighbours (a plain loop's time went 1x-3.5x within a minute on one), gmd's row and
+# ucs_rcache's then each see the fast and the slow phases, instead of one of them only.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 suite=${1:-bookworm}
@@ -29,6 +32,7 @@ build=build-bench-$name
 configure="cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGMD_BUILD_TESTS=OFF \
   -DGMD_BUILD_BENCH=ON -DGMD_WERROR=ON >/dev/null && cmake --build $build -j ${GMD_JOBS:-2} --target gmd_bench"
 run="$build/bench/gmd_bench --benchmark_filter=^Rcache --benchmark_repetitions=$reps \
+  --benchmark_enable_random_interleaving=true \
   --benchmark_report_aggregates_only=true --benchmark_min_time=0.5 \
   --benchmark_out=$build/rcache.json --benchmark_out_format=json"
 if [[ $suite == bookworm ]]; then
