@@ -77,11 +77,6 @@ class FreeList {
     b->next = head_;
     head_ = b;
   }
-  // Blocks first..last, linked through their first word (last's link is overwritten).
-  void addChain(Link* first, Link* last) noexcept {
-    last->next = head_;
-    head_ = first;
-  }
   // Fork child: forget every block.
   void abandon() noexcept { head_ = nullptr; }
 
@@ -92,7 +87,6 @@ class FreeList {
 // A FreeList and the spin lock that guards it (the process-wide leaf pools, BlockPool).
 class LockedFreeList {
  public:
-  using Link = FreeList::Link;
   // A block; when there is none, grow() (called under the lock; it adds blocks with add()) first.
   // Null when that fails.
   template <typename Grow>
@@ -255,8 +249,6 @@ class SpanTable {
 
 template <std::size_t kBlock>
 class LinePool {
-  using Link = FreeList::Link;
-
  public:
   static constexpr std::size_t kSpanBytes = 4096;
   static constexpr std::size_t kHeadBytes = 64;  // malloc's header (16), the span's head
@@ -305,32 +297,6 @@ class LinePool {
     free_.add(p);
 #endif
   }
-  // Blocks gathered to be released together.
-  class Chain {
-   public:
-    void add(void* p) noexcept {
-#if defined(__SANITIZE_ADDRESS__)
-      SpanTable::remove(idOf(p) >> kIndexBits);
-      ::operator delete (p, std::align_val_t{kBlock});
-#else
-      auto* b = static_cast<Link*>(p);
-      b->next = head_;
-      head_ = b;
-      if (tail_ == nullptr) tail_ = b;
-#endif
-    }
-
-   private:
-    friend class LinePool;
-    Link* head_ = nullptr;
-    Link* tail_ = nullptr;
-  };
-  void release(Chain& c) noexcept {
-    if (c.head_ == nullptr) return;
-    free_.addChain(c.head_, c.tail_);
-    c.head_ = c.tail_ = nullptr;
-  }
-
   // The id of block b (never 0), and the block of id `id` (null for 0).
   static std::uint32_t idOf(const void* b) noexcept {
     const auto a = reinterpret_cast<std::uintptr_t>(b);

@@ -272,9 +272,9 @@ class CacheImpl final : public Cache {
   void releaseInvalid(RegionImpl* r) noexcept;
   void deregister(RegionImpl* r) noexcept;
   // region_pool_ is lock_'s (or the destructor's, alone): a region is allocated and freed under
-  // the lock that the miss and the collection take anyway.
-  // What readers no longer see (reclaim_.collect()): its regions go back to region_pool_ here; its
-  // leaves and tops are left for freeList(), outside lock_ (the process's leaf pools).
+  // the lock that the miss and the collection take anyway. collect_locked(): what readers no
+  // longer see (reclaim_.collect()); its regions go back to region_pool_ here, its leaves and tops
+  // are left for freeList(), outside lock_ (the process's leaf pools).
   Reclaimed collect_locked(bool force) noexcept {
     Reclaimed r = reclaim_.collect(force);
     freeRegions_locked(r.records);

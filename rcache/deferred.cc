@@ -58,15 +58,11 @@ void CacheImpl::freeList(Reclaimed list) noexcept {
 }
 
 void CacheImpl::freeRegions_locked(RetiredRecord* records) noexcept {
-  RegionPool::Chain regions;
   for (RetiredRecord* rec = records; rec != nullptr;) {
     RetiredRecord* next = rec->next;
-    RegionImpl* r = RegionImpl::ofRecord(rec);
-    r->~RegionImpl();
-    regions.add(r);
+    freeRegion_locked(RegionImpl::ofRecord(rec));
     rec = next;
   }
-  region_pool_.release(regions);
 }
 
 // A registration made before a fork() is the parent's: the child never deregisters it.

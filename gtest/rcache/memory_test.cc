@@ -112,9 +112,7 @@ TEST(BlockPoolTest, BlocksFoundFromTheirIdsAcrossSpansSlabsAndPools) {
   }
   checkLayout();
   for (std::size_t k = 0; k < kBlocks; ++k) check(k);
-  Pool::Chain chain;
-  for (unsigned char* b : blocks) chain.add(b);
-  pool->release(chain);
+  for (unsigned char* b : blocks) pool->release(b);
   for (unsigned char* o : others) other->release(o);
 }
 
