@@ -111,7 +111,7 @@ void CacheImpl::dropUnusedBeforeFork() noexcept {
 // (their own pages too) are written. No allocation here.
 void CacheImpl::forkChild() noexcept {
   if (!config_.purge_on_fork) {
-    lock_.unlock();
+    lock_.unlockInForkChild();
     return;
   }
   // From here on every existing region belongs to an older generation: deregister(), put() and
@@ -134,7 +134,7 @@ void CacheImpl::forkChild() noexcept {
   pinned_.store(0, std::memory_order_relaxed);
   unused_shared_.store(0, std::memory_order_relaxed);
   attention_.store(0, std::memory_order_relaxed);
-  lock_.unlock();
+  lock_.unlockInForkChild();
 }
 
 }  // namespace gmd::rcache::detail
