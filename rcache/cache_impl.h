@@ -228,6 +228,13 @@ class CacheImpl final : public Cache {
     if (!addUnusedInSlot(slot, delta)) flushUnused(slot, delta);
   }
   void flushUnused(ReaderSlot* slot, std::int64_t delta) noexcept;
+  // Writers: `bytes` of unused regions left the cache (doomed, or taken by a hit under the lock),
+  // taken off this thread's own share like unparkAll_locked()'s releases: a store, not an atomic
+  // read-modify-write of the shared counter, while the share stays within its bound.
+  void dropUnused_locked(std::int64_t bytes) noexcept {
+    ReaderSlot* mine = mySlot();
+    if (!addUnusedInSlot(mine, -bytes)) (void)moveUnused(mine, -bytes);
+  }
   // The slot's share and `delta` moved to the shared counter; true when that went over the unused
   // limit (then someone must evict: setWork_locked(true)).
   bool moveUnused(ReaderSlot* slot, std::int64_t delta) noexcept;
@@ -320,8 +327,8 @@ class CacheImpl final : public Cache {
   // While a miss makes room: what it dooms goes to dead_ without the work bit, and the miss takes
   // it before it lets go of lock_ (getSlow()).
   bool own_dead_ = false;
-  // While applyQueued_locked() drains, doomUnused_locked() adds here instead of to the shared
-  // counters (three atomic read-modify-writes per region), which the drain then updates once.
+  // While applyQueued_locked() drains, doomUnused_locked() adds here instead of to the counters,
+  // which the drain then updates once.
   struct DoomBatch {
     bool on = false;
     std::int64_t regions = 0;

@@ -1,6 +1,7 @@
-// Invalidation: invalidate() and how the queued ranges are applied, and what becomes of a region that
-// leaves the index (merged away, stale, invalidated or evicted). See the notes at the top of cache.cc:
-// invalidate() never blocks and never allocates; deregistration happens later, outside lock_.
+// Invalidation: invalidate() and how the queued ranges are applied, and what becomes of a region
+// that leaves the index (merged away, stale, invalidated or evicted). See the notes at the top of
+// cache.cc: invalidate() never blocks and never allocates; deregistration happens later, outside
+// lock_.
 #include "rcache/cache_impl.h"
 
 namespace gmd::rcache {
@@ -42,7 +43,7 @@ void CacheImpl::applyQueued_locked(bool wait, const Range* also) noexcept {
   const std::uint64_t n = queue_.drain(wait, apply, &over);
   if (also != nullptr) queue_.applyNow(*also, apply);
   if (doom_batch_.regions != 0) {
-    unused_shared_.fetch_sub(doom_batch_.bytes, std::memory_order_relaxed);
+    dropUnused_locked(doom_batch_.bytes);
     bump(regions_, -doom_batch_.regions);
     bump(pinned_, -doom_batch_.bytes);
   }
@@ -83,7 +84,7 @@ void CacheImpl::doomUnused_locked(RegionImpl* r, DoomReason why) noexcept {
     ++doom_batch_.regions;
     doom_batch_.bytes += len;
   } else {
-    unused_shared_.fetch_sub(len, std::memory_order_relaxed);
+    dropUnused_locked(len);
     bump(regions_, std::int64_t{-1});
     bump(pinned_, -len);
   }

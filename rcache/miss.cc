@@ -62,8 +62,7 @@ __attribute__((noinline)) Result CacheImpl::getSlow(const void* address, std::si
     if (hit != nullptr) {
       bump(slow_hits_, std::uint64_t{1});
       if (prev == 0) {
-        unused_shared_.fetch_sub(static_cast<std::int64_t>(hit->length()),
-                                 std::memory_order_relaxed);
+        dropUnused_locked(static_cast<std::int64_t>(hit->length()));
       }
     } else {
       if (want.length() > config_.max_pinned_bytes) want = rq;

@@ -1,7 +1,8 @@
-// The cache's writer lock (rcache/sync.h) on its own: unlock() is a plain store, so nobody sleeps on
-// the lock's word and no unlock wakes anyone; a waiter must still get the lock, whether the holder
-// keeps it for a few instructions (the spin), longer than a time slice (the sleeps), or keeps taking
-// it again and again (the waiter is not shut out for good).
+// The cache's writer lock (rcache/sync.h) on its own. unlock() is a store and a load, not an atomic
+// exchange, so it can miss a waiter that is just going to sleep (that sleep then ends by its
+// timeout); a waiter must still get the lock, whether the holder keeps it for a few instructions
+// (the spin), longer than a time slice (the futex), or keeps taking it again and again (the waiter
+// is not shut out for good).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -56,9 +57,9 @@ TEST(WriterLockTest, ExcludesUnderContention) {
   EXPECT_EQ(overlaps.load(), 0);
 }
 
-// A holder that keeps the lock for 50 ms: the waiter is past its spin and its yields, sleeping, when
-// the lock is freed, and nothing wakes it. It must not get in before the release, and must get in
-// after it (bounded: a lost wake-up here would hang).
+// A holder that keeps the lock for 50 ms: the waiter is past its spin, asleep on the futex, when
+// the lock is freed. It must not get in before the release, and must get in after it (bounded: a
+// lost wake-up without the timeout would hang here).
 TEST(WriterLockTest, ASleepingWaiterGetsTheLockAfterALongHold) {
   WriterLock lock;
   lock.lock();
