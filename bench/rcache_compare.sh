@@ -10,14 +10,15 @@
 #     OUTDIR  where the results go (default build/rcache-SUITE)
 #
 # Builds gmd_bench alone (RelWithDebInfo, no tests) into build-bench-SUITE/, runs every Rcache
-# benchmark, then writes into OUTDIR: results.json (Google Benchmark's JSON, aggregates),
-# table.md (each case, gmd against ucs_rcache, the ratio and its goal from docs/rcache.md,
-# the repetitions' spread) and, where python3-matplotlib is installed, the two plots of
-# bench/plot_rcache.py. The table goes to stdout too. Run it on a quiet machine: the tables compare
-# times of one run, and anything else running moves them. The repetitions of all benchmarks run in
-# a random order (Google Benchmark's random interleaving): on a virtual machine whose speed moves
-# with its neighbours (a plain loop's time went 1x-3.5x within a minute on one), gmd's row and
-# ucs_rcache's then each see the fast and the slow phases, instead of one of them only.
+# benchmark, then writes into OUTDIR: results.json (Google Benchmark's JSON: each repetition and
+# the aggregates), table.md (each case, gmd against ucs_rcache, the ratio of the medians and its
+# goal from docs/rcache.md, the repetitions' spread, the ratio of the fastest repetitions) and,
+# where python3-matplotlib is installed, the two plots of bench/plot_rcache.py. The table goes to
+# stdout too. Run it on a quiet machine: the tables compare times of one run, and anything else
+# running moves them. The repetitions of all benchmarks run in a random order (Google Benchmark's
+# random interleaving): on a virtual machine whose speed moves with its neighbours (a plain loop's
+# time went 1x-3.5x within a minute on one), gmd's row and ucs_rcache's then each see the fast and
+# the slow phases, instead of one of them only.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 suite=${1:-bookworm}
@@ -37,7 +38,7 @@ run="mt=0.5; $build/bench/gmd_bench --benchmark_min_time=0.5s --benchmark_filter
   >/dev/null 2>&1 && mt=0.5s
   $build/bench/gmd_bench --benchmark_filter=^Rcache --benchmark_repetitions=$reps \
   --benchmark_enable_random_interleaving=true \
-  --benchmark_report_aggregates_only=true --benchmark_min_time=\$mt \
+  --benchmark_display_aggregates_only=true --benchmark_min_time=\$mt \
   --benchmark_out=$build/rcache.json --benchmark_out_format=json"
 if [[ $suite == bookworm ]]; then
   in_place() { (cd "$here" && bash -c "$*"); }
